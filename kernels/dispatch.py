@@ -1,0 +1,95 @@
+"""One cached backend chooser. "auto" = cute > triton > torch, the first that can run these inputs.
+
+Backends are modules with `available()`, `unavailable_reason(q, cfg)` and `forward(q, k, v, cfg)`.
+An import error is kept and reported as a reason; every reason is logged once; the environment variable
+PSA_BACKEND overrides "auto". A requested backend that cannot run falls back to the reference loudly.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import threading
+
+from .config import BACKENDS
+
+log = logging.getLogger("piecewise_sparse_attention")
+
+_ORDER = ("cute", "triton", "torch")
+_MODULES = {"torch": ".reference", "triton": ".triton", "cute": ".cute"}
+_loaded: dict[str, object] = {}
+_import_errors: dict[str, str] = {}
+_logged: set[str] = set()
+_lock = threading.Lock()
+
+
+def log_once(key: str, msg: str, *args, level=logging.INFO) -> bool:
+    """Log `msg` the first time `key` is seen; True when it was logged now."""
+    with _lock:
+        if key in _logged:
+            return False
+        _logged.add(key)
+    log.log(level, msg, *args)
+    return True
+
+
+def _module(name: str):
+    if name in _loaded:
+        return _loaded[name]
+    if name in _import_errors:
+        return None
+    try:
+        mod = importlib.import_module(_MODULES[name], __package__)
+    except Exception as e:  # keep the reason, report it, never crash the caller
+        _import_errors[name] = f"{type(e).__name__}: {e}"
+        return None
+    _loaded[name] = mod
+    return mod
+
+
+def backend_module(name: str):
+    return _module(name)
+
+
+def unavailable_reason(name: str, q, cfg) -> str | None:
+    mod = _module(name)
+    if mod is None:
+        return f"{name} backend failed to import ({_import_errors[name]})"
+    try:
+        if not mod.available():
+            return mod.unavailable_reason(None, cfg) or f"{name} backend not available"
+        return mod.unavailable_reason(q, cfg)
+    except Exception as e:
+        return f"{name} backend check raised {type(e).__name__}: {e}"
+
+
+def select_backend(q, cfg, requested: str = "auto") -> tuple[str, str | None]:
+    """(backend name, reason why a better or the requested backend was not used, or None)."""
+    if requested not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {requested!r}")
+    if requested == "auto":
+        env = os.environ.get("PSA_BACKEND", "").strip().lower()
+        if env and env != "auto":
+            if env not in BACKENDS:
+                raise ValueError(f"PSA_BACKEND must be one of {BACKENDS}, got {env!r}")
+            requested = env
+    if requested != "auto":
+        reason = unavailable_reason(requested, q, cfg)
+        if reason is None:
+            return requested, None
+        return "torch", f"backend={requested!r} cannot run: {reason}; using the torch reference"
+    skipped = []
+    for name in _ORDER:
+        reason = unavailable_reason(name, q, cfg)
+        if reason is None:
+            return name, ("; ".join(skipped) if skipped else None)
+        skipped.append(reason)
+    return "torch", "; ".join(skipped)
+
+
+def backend_status(q=None, cfg=None) -> dict[str, str | None]:
+    """{backend: None if usable for these inputs else the reason}, for logs and the README table."""
+    from .config import SparseConfig
+
+    cfg = cfg or SparseConfig(scale=1.0)
+    return {name: unavailable_reason(name, q, cfg) for name in _ORDER}

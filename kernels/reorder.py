@@ -1,0 +1,75 @@
+"""Morton (Z-order) token reorder: each block of 64 consecutive tokens becomes a compact 4x4x4 (or 8x8)
+neighbourhood of the token grid, so the diagonal band means spatial neighbours.
+
+Works for any grid size: Morton codes are computed for every real cell and sorted, so cells outside a
+non-power-of-two grid simply do not exist. Prefix tokens (e.g. FLUX text) stay in front, untouched.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+
+import torch
+
+_lock = threading.Lock()
+_device_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _check_grid(grid) -> tuple[int, ...]:
+    try:
+        g = tuple(int(x) for x in grid)
+    except TypeError:
+        raise ValueError(f"grid must be a tuple like (F, H, W) or (H, W), got {grid!r}") from None
+    if len(g) not in (2, 3) or any(x <= 0 for x in g):
+        raise ValueError(f"grid must be 2 or 3 positive sizes, (H, W) or (F, H, W); got {grid!r}")
+    return g
+
+
+@functools.lru_cache(maxsize=64)
+def _morton_cpu(grid: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    coords = torch.meshgrid(*[torch.arange(n, dtype=torch.int64) for n in grid], indexing="ij")
+    coords = [c.reshape(-1) for c in coords]
+    nbits = max(max(n - 1, 1).bit_length() for n in grid)
+    code = torch.zeros_like(coords[0])
+    nd = len(grid)
+    for b in range(nbits):
+        for d, c in enumerate(coords):
+            # the last axis (W) takes the lowest bit of each triple, so a block runs along W first
+            code |= ((c >> b) & 1) << (b * nd + (nd - 1 - d))
+    perm = torch.argsort(code, stable=True)
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(perm.numel())
+    return perm, inv
+
+
+def morton_order(grid) -> torch.Tensor:
+    """perm with perm[new_position] = raster index of the token placed there (int64, CPU, cached)."""
+    return _morton_cpu(_check_grid(grid))[0]
+
+
+def inverse_order(grid) -> torch.Tensor:
+    """inv with inv[raster_index] = new position; x_reordered[..., inv, :] restores raster order."""
+    return _morton_cpu(_check_grid(grid))[1]
+
+
+def orders_on(grid, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(perm, inv) on `device`, computed once per (grid, device)."""
+    key = (_check_grid(grid), str(device))
+    hit = _device_cache.get(key)
+    if hit is None:
+        with _lock:
+            perm, inv = _morton_cpu(key[0])
+            hit = (perm.to(device), inv.to(device))
+            _device_cache[key] = hit
+    return hit
+
+
+def apply_reorder(x: torch.Tensor, perm: torch.Tensor, n_prefix: int = 0) -> torch.Tensor:
+    """Permute the tokens after the prefix along dim -2 of [B, H, T, D]: out[p] = x[n_prefix + perm[p]]."""
+    if n_prefix == 0:
+        return x.index_select(-2, perm)
+    return torch.cat([x[..., :n_prefix, :], x[..., n_prefix:, :].index_select(-2, perm)], dim=-2)
+
+
+def undo_reorder(x: torch.Tensor, inv: torch.Tensor, n_prefix: int = 0) -> torch.Tensor:
+    return apply_reorder(x, inv, n_prefix)
