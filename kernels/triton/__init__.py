@@ -1,0 +1,191 @@
+"""backend="triton": block statistics, routing and the fused forward kernel for pisa / pwt / drop.
+
+Layers: @triton.jit kernels (stats.py, fwd.py, reorder.py) -> host launcher `_forward_impl` (per head
+chunk: statistics, routing, attention) -> torch.library custom op ``psa::triton_fwd`` with a fake
+implementation (no graph break under torch.compile) -> `forward(q, k, v, cfg)` for kernels.dispatch.
+
+Nothing here recompiles per shape: T, N, K (so density) are runtime arguments; the compile/autotune key is
+(dtype, head_dim, variant family, fused reorder or not). Scratch (statistics, routing, bias rows) is kept
+under `PSA_TRITON_SCRATCH` x the bytes of q (default 0.10) by processing the heads in chunks.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from ..config import SparseConfig
+
+try:
+    import triton  # noqa: F401
+
+    from . import fwd as _fwd
+    from . import stats as _stats
+    from .reorder import gather_tokens, scatter_tokens
+
+    _IMPORT_ERROR = None
+except Exception as e:  # kept and reported as the reason, never raised at import
+    _IMPORT_ERROR = f"{type(e).__name__}: {e}"
+
+NAME = "triton"
+HEAD_DIMS = (64, 128)
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+__all__ = ["available", "unavailable_reason", "forward", "forward_with_routing", "gather_tokens",
+           "scatter_tokens", "NAME"]
+
+
+def available() -> bool:
+    return _IMPORT_ERROR is None and (_INTERPRET or torch.cuda.is_available())
+
+
+def unavailable_reason(q, cfg) -> str | None:
+    """None when these inputs can run here, else a short reason (logged once by kernels.dispatch)."""
+    if _IMPORT_ERROR is not None:
+        return f"triton import failed ({_IMPORT_ERROR})"
+    if not (_INTERPRET or torch.cuda.is_available()):
+        return "triton backend needs a CUDA GPU (or TRITON_INTERPRET=1)"
+    if cfg is not None:
+        if cfg.variant not in ("pisa", "pwt", "drop"):
+            return f"variant {cfg.variant!r} unsupported by triton"
+        if cfg.block_size != 64:
+            return f"block_size {cfg.block_size} unsupported by triton (64 only)"
+    if q is None:
+        return None
+    if q.device.type == "cuda":
+        if _INTERPRET:
+            return "TRITON_INTERPRET=1 runs on CPU tensors only"
+        major, minor = torch.cuda.get_device_capability(q.device)
+        if major < 8:
+            return f"compute capability {major}.{minor} unsupported by triton (needs 8.0+)"
+        ok = (torch.bfloat16, torch.float16)
+    elif q.device.type == "cpu" and _INTERPRET:
+        ok = (torch.bfloat16, torch.float16, torch.float32)
+    else:
+        return f"triton backend cannot run on {q.device.type} tensors"
+    if q.dtype not in ok:
+        return f"dtype {str(q.dtype).replace('torch.', '')} unsupported by triton (bfloat16 or float16)"
+    if q.shape[-1] not in HEAD_DIMS:
+        return f"head_dim {q.shape[-1]} unsupported by triton (64 or 128)"
+    return None
+
+
+def _scratch_fraction() -> float:
+    try:
+        return float(os.environ.get("PSA_TRITON_SCRATCH", "0.10"))
+    except ValueError:
+        return 0.10
+
+
+def _heads_per_chunk(B, H, T, D, cfg, elem_bytes, K, frac) -> int:
+    """Largest head chunk whose statistics + routing scratch stays under frac x bytes(q)."""
+    n = -(-T // cfg.block_size)
+    stats = n * D * (4 + 4 + 2 * elem_bytes + (8 if cfg.variant == "pwt" else 0)) + D * D * (4 + elem_bytes)
+    # float32 score + its top-k temporaries + the bias rows (+ float32 w for pwt)
+    routing = n * n * (4 + 2 + (8 if cfg.variant == "pwt" else 0)) + n * K * 24
+    per_head = B * (stats + routing)
+    budget = frac * B * H * T * D * elem_bytes
+    return max(1, min(H, int(budget // max(1, per_head))))
+
+
+def _contig_last(x):
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _full_perm(perm, n_prefix, T, device):
+    full = torch.empty(T, dtype=torch.int32, device=device)
+    if n_prefix:
+        full[:n_prefix] = torch.arange(n_prefix, dtype=torch.int32, device=device)
+    full[n_prefix:] = perm.to(device=device, dtype=torch.int32) + n_prefix
+    return full
+
+
+def _forward_impl(q, k, v, cfg: SparseConfig, *, routing=None, perm=None, n_prefix=0, config=None,
+                  scratch=None):
+    """q, k, v [B, H, T, D] (any strides with unit last stride). With `perm` (Morton order of the tokens
+    after `n_prefix`) the inputs and the output are in the caller's order and the kernels read and write
+    rows through the permutation: the reorder costs no extra pass."""
+    q, k, v = _contig_last(q), _contig_last(k), _contig_last(v)
+    B, H, T, D = q.shape
+    n = -(-T // cfg.block_size)
+    out = torch.empty_like(q)
+    if out.stride(-1) != 1:
+        out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    fperm = _full_perm(perm, n_prefix, T, q.device) if perm is not None else None
+    k_est = routing.idx.shape[-1] if routing is not None else cfg.budget(n) + 2 * cfg.band + 1 + cfg.n_sink_blocks
+    frac = _scratch_fraction() if scratch is None else scratch
+    hc = H if frac <= 0 else _heads_per_chunk(B, H, T, D, cfg, q.element_size(), min(n, k_est), frac)
+    for h0 in range(0, H, hc):
+        h1 = min(H, h0 + hc)
+        qc, kc, vc, oc = q[:, h0:h1], k[:, h0:h1], v[:, h0:h1], out[:, h0:h1]
+        if routing is None:
+            st = _stats.block_stats(qc, kc, vc, cfg, perm=fperm)
+            idx, vbias = _stats.route(st, cfg, q.dtype)
+        else:
+            approx = cfg.variant in ("pisa", "pwt")
+            st = _stats.block_stats(qc, kc, vc, cfg, perm=fperm, need_pwt=False, need_h=approx,
+                                    need_hnorm=False)
+            idx = routing.idx[:, h0:h1].to(device=q.device, dtype=torch.int32).contiguous()
+            vbias = None
+            if approx:
+                sub = type(routing)(idx=routing.idx[:, h0:h1], exact=routing.exact[:, h0:h1],
+                                    w=routing.w[:, h0:h1])
+                vbias = _stats.vbias_from_routing(sub, q.dtype).contiguous()
+        _fwd.attention(qc, kc, vc, oc, st, idx, vbias, cfg, perm=fperm, config=config)
+    return out
+
+
+def _cfg(density, variant, band, n_sink_blocks, cov_bias, block_size, scale) -> SparseConfig:
+    return SparseConfig(density=density, variant=variant, band=band, n_sink_blocks=n_sink_blocks,
+                        cov_bias=cov_bias, block_size=block_size, scale=scale)
+
+
+if _IMPORT_ERROR is None and hasattr(torch, "library") and hasattr(torch.library, "custom_op"):
+    @torch.library.custom_op("psa::triton_fwd", mutates_args=())
+    def _triton_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, density: float, variant: str,
+                       band: int, n_sink_blocks: int, cov_bias: bool, block_size: int, scale: float,
+                       perm: torch.Tensor | None, n_prefix: int) -> torch.Tensor:
+        cfg = _cfg(density, variant, band, n_sink_blocks, cov_bias, block_size, scale)
+        return _forward_impl(q, k, v, cfg, perm=perm, n_prefix=n_prefix)
+
+    @_triton_fwd_op.register_fake
+    def _(q, k, v, density, variant, band, n_sink_blocks, cov_bias, block_size, scale, perm, n_prefix):
+        out = torch.empty_like(q)
+        return out if out.stride(-1) == 1 else torch.empty(q.shape, device=q.device, dtype=q.dtype)
+
+    _OP = torch.ops.psa.triton_fwd
+else:
+    _OP = None
+
+
+def forward(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None, n_prefix: int = 0):
+    """Piecewise sparse attention on [B, H, T, D] (kernels.dispatch contract). Routing is detached.
+
+    perm: optional Morton permutation of the tokens after `n_prefix` (kernels.reorder.orders_on(...)[0]);
+    when given, q/k/v/out stay in the caller's order and the kernels gather through it (fused reorder).
+    """
+    if _IMPORT_ERROR is not None:
+        raise RuntimeError(f"triton backend unavailable: {_IMPORT_ERROR}")
+    args = (q, k, v, float(cfg.density), cfg.variant, int(cfg.band), int(cfg.n_sink_blocks),
+            bool(cfg.cov_bias), int(cfg.block_size), float(cfg.scale), perm, int(n_prefix))
+    with torch.no_grad():
+        if _OP is not None:
+            return _OP(*args)
+        return _forward_impl(q, k, v, cfg, perm=perm, n_prefix=n_prefix)
+
+
+def forward_with_routing(q, k, v, cfg: SparseConfig, routing, *, config: dict | None = None):
+    """Same kernel under a given kernels.routing.Routing (to compare backends under identical routing)."""
+    with torch.no_grad():
+        return _forward_impl(q, k, v, cfg, routing=routing, config=config)
+
+
+def prepare(q, k, v, cfg: SparseConfig):
+    """(TritonStats, idx, vbias) for all heads at once: the routing this backend would use (tests, bench)."""
+    st = _stats.block_stats(_contig_last(q), _contig_last(k), _contig_last(v), cfg)
+    idx, vbias = _stats.route(st, cfg, q.dtype)
+    return st, idx, vbias
+
+
+del math

@@ -1,0 +1,172 @@
+"""The fused piecewise sparse attention forward kernel (one online softmax, ../../shared/MATH.md).
+
+One program = one 64-token query block i of one (batch, head):
+  1. exact part: the routed KV blocks S_i, BLOCK_N // 64 blocks per step, gathered through the index list
+     (FlashAttention-2 style loop, exp2 with the scale folded in);
+  2. virtual tokens (pisa / pwt): a [64, N] mini-attention against the block-mean keys k-bar in tiles of
+     BLOCK_V blocks; the exact blocks are masked by the -inf entries of the bias row, which also carries
+     the gated PWT bonus w_ij; values are the block value means times the real counts n_j;
+  3. the first-order term s (q H-bar) sum_U e(s-hat), folded in at the end: it shares the running max.
+Every rescale multiplies all accumulated mass (exact and virtual, numerator, denominator and the
+first-order weight). fp32 accumulation; bf16/fp16 operands on the tensor cores.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+log = logging.getLogger("piecewise_sparse_attention")
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _configs():
+    if _INTERPRET:
+        return [triton.Config({"BLOCK_N": 128, "BLOCK_V": 64}, num_warps=4, num_stages=1)]
+    # BLOCK_M is fixed at one 64-row query block (routing is per query block); these are the shapes
+    # swept on the H200 (bench/README.md, "tile sweep").
+    cfgs = []
+    for bn, bv, w, s in ((128, 64, 4, 2), (128, 64, 4, 3), (128, 128, 4, 2), (128, 64, 8, 2),
+                         (128, 128, 8, 3), (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 3)):
+        cfgs.append(triton.Config({"BLOCK_N": bn, "BLOCK_V": bv}, num_warps=w, num_stages=s))
+    return cfgs
+
+
+@triton.jit
+def _psa_fwd_kernel(
+    Q, K, V, O, KBAR, VMEAN, HBAR, VBIAS, IDX, PERM,
+    sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t, so_b, so_h, so_t,
+    svb_bh, svb_i,
+    HC, T, N, NSEL, N_VIRT, qk_scale, scale,
+    D: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
+    APPROX: tl.constexpr, HAS_PERM: tl.constexpr,
+):
+    LOG2E: tl.constexpr = 1.4426950408889634
+    i_m, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_bh = i_b * HC + i_h
+    o_m = tl.arange(0, BS)
+    o_d = tl.arange(0, D)
+    o_n = tl.arange(0, BLOCK_N)
+
+    # [BS, D] query block
+    o_tq = i_m * BS + o_m
+    m_tq = o_tq < T
+    if HAS_PERM:
+        o_rq = tl.load(PERM + o_tq, mask=m_tq, other=0).to(tl.int64)
+    else:
+        o_rq = o_tq.to(tl.int64)
+    b_q = tl.load(Q + i_b * sq_b + i_h * sq_h + o_rq[:, None] * sq_t + o_d[None, :], mask=m_tq[:, None], other=0.0)
+
+    b_m = tl.full([BS], float("-inf"), dtype=tl.float32)
+    b_l = tl.zeros([BS], dtype=tl.float32)
+    b_acc = tl.zeros([BS, D], dtype=tl.float32)
+
+    p_k = K + i_b * sk_b + i_h * sk_h
+    p_v = V + i_b * sv_b + i_h * sv_h
+    p_idx = IDX + (i_bh * N + i_m) * NSEL
+    # exact blocks, BLOCK_N // BS of them per step
+    for kk in range(0, NSEL, BLOCK_N // BS):
+        o_sel = kk + o_n // BS
+        b_j = tl.load(p_idx + o_sel, mask=o_sel < NSEL, other=-1)  # [BLOCK_N] block id of each key row
+        o_tk = b_j * BS + o_n % BS
+        m_k = (b_j >= 0) & (o_tk < T)
+        if HAS_PERM:
+            o_rk = tl.load(PERM + o_tk, mask=m_k, other=0).to(tl.int64)
+        else:
+            o_rk = o_tk.to(tl.int64)
+        b_k = tl.load(p_k + o_rk[:, None] * sk_t + o_d[None, :], mask=m_k[:, None], other=0.0)  # [BLOCK_N, D]
+        b_s = tl.dot(b_q, tl.trans(b_k)) * qk_scale  # [BS, BLOCK_N], log2 units
+        b_s = tl.where(m_k[None, :], b_s, float("-inf"))
+        b_mn = tl.maximum(b_m, tl.max(b_s, axis=1))
+        b_mu = tl.where(b_mn == float("-inf"), 0.0, b_mn)
+        b_alpha = tl.math.exp2(b_m - b_mu)
+        b_p = tl.math.exp2(b_s - b_mu[:, None])
+        b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
+        b_v = tl.load(p_v + o_rk[:, None] * sv_t + o_d[None, :], mask=m_k[:, None], other=0.0)  # [BLOCK_N, D]
+        b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v)
+        b_m = b_mn
+
+    if APPROX:
+        o_v = tl.arange(0, BLOCK_V)
+        b_g = tl.zeros([BS], dtype=tl.float32)  # sum over U_i of e(s-hat), for the first-order term
+        p_vb = VBIAS + i_bh * svb_bh + i_m * svb_i
+        p_kbar = KBAR + i_bh * N * D
+        p_vmean = VMEAN + i_bh * N * D
+        n_last = (T - (N - 1) * BS) * 1.0
+        for v0 in range(0, N_VIRT, BLOCK_V):
+            o_j = v0 + o_v
+            m_j = o_j < N
+            b_kb = tl.load(p_kbar + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)  # [BV, D]
+            # -inf = exact block (or past the end); else the gated PWT bonus (0 for PISA)
+            b_bias = tl.load(p_vb + o_j, mask=m_j, other=float("-inf")).to(tl.float32)
+            b_s = tl.dot(b_q, tl.trans(b_kb)) * qk_scale + (b_bias * LOG2E)[None, :]  # [BS, BV]
+            b_mn = tl.maximum(b_m, tl.max(b_s, axis=1))
+            b_mu = tl.where(b_mn == float("-inf"), 0.0, b_mn)
+            b_alpha = tl.math.exp2(b_m - b_mu)
+            b_p = tl.math.exp2(b_s - b_mu[:, None])
+            b_cnt = tl.where(o_j == N - 1, n_last, BS * 1.0)
+            b_pn = b_p * b_cnt[None, :]
+            b_l = b_l * b_alpha + tl.sum(b_pn, axis=1)
+            b_g = b_g * b_alpha + tl.sum(b_p, axis=1)
+            b_vm = tl.load(p_vmean + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)  # [BV, D]
+            # sum_U e(s-hat) V-hat_j = sum_U n_j e(s-hat) vmean_j
+            b_acc = b_acc * b_alpha[:, None] + tl.dot(b_pn.to(b_vm.dtype), b_vm)
+            b_m = b_mn
+        b_hb = tl.load(HBAR + i_bh * D * D + o_d[:, None] * D + o_d[None, :])  # [D, D]
+        b_qh = tl.dot(b_q, b_hb)  # [BS, D]  q H-bar
+        b_acc += b_qh * (scale * b_g)[:, None]
+
+    b_o = b_acc / b_l[:, None]
+    tl.store(O + i_b * so_b + i_h * so_h + o_rq[:, None] * so_t + o_d[None, :],
+             b_o.to(O.dtype.element_ty), mask=m_tq[:, None])
+
+
+_psa_fwd_tuned = triton.autotune(configs=_configs(), key=["D", "APPROX", "HAS_PERM"])(_psa_fwd_kernel)
+_tuned_seen: set = set()
+
+
+def attention(q, k, v, out, st, idx, vbias, cfg, *, perm=None, config: dict | None = None):
+    """Launch the fused kernel on [B, HC, T, D] views (unit last stride). `config` pins a tile config
+    (BLOCK_N, BLOCK_V, num_warps, num_stages) instead of the autotuned one (tests, the tile sweep)."""
+    B, HC, T, D = q.shape
+    bs = cfg.block_size
+    n = -(-T // bs)
+    K = idx.shape[-1]
+    approx = cfg.variant in ("pisa", "pwt")
+    # density 1 (every block exact in every row) needs no virtual-token scan at all
+    n_virt = n if (approx and K < n) else 0
+    dummy = idx
+    args = (
+        q, k, v, out,
+        st.kbar_lp if approx else dummy, st.vmean_lp if approx else dummy,
+        st.hbar_lp if approx else dummy, vbias if approx else dummy, idx,
+        perm if perm is not None else dummy,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
+        vbias.stride(1) if approx else 0, vbias.stride(2) if approx else 0,
+        HC, T, n, K, n_virt, float(cfg.scale) * 1.4426950408889634, float(cfg.scale),
+    )
+    grid = (n, HC, B)
+    meta = dict(D=D, BS=bs, APPROX=approx, HAS_PERM=perm is not None)
+    if vbias is not None and approx:
+        assert vbias.stride(0) == HC * vbias.stride(1) and vbias.stride(-1) == 1
+    if config is not None:
+        c = dict(config)
+        _psa_fwd_kernel[grid](*args, **meta, BLOCK_N=c.pop("BLOCK_N"), BLOCK_V=c.pop("BLOCK_V"), **c)
+        return out
+    key = (str(q.dtype), D, approx, perm is not None)
+    if key not in _tuned_seen and not _INTERPRET:
+        _tuned_seen.add(key)
+        log.info("piecewise_sparse_attention: triton autotune for %s head_dim %d (%s), once per process "
+                 "(a few seconds)", q.dtype, D, "pisa/pwt" if approx else "drop")
+    _psa_fwd_tuned[grid](*args, **meta)
+    if key in _tuned_seen and not _INTERPRET:
+        best = getattr(_psa_fwd_tuned, "best_config", None)
+        if best is not None and ("best", key) not in _tuned_seen:
+            _tuned_seen.add(("best", key))
+            log.info("piecewise_sparse_attention: triton autotune picked %s", best)
+    return out

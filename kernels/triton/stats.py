@@ -1,0 +1,216 @@
+"""Block statistics in one Triton pass over q, k, v, and routing with a few batched torch ops.
+
+One program reads G consecutive 64-token blocks of one (batch, head) and writes, per block, the float32
+k-bar, q-bar (and q^2, sigma^2 for PWT) used for routing, plus the k-bar and value means in the input dtype
+that the attention kernel multiplies on tensor cores. H-bar is never built per block: each program keeps
+sum_j H_j = sum_j (K_j - kbar_j)^T V_j of its blocks in registers ([D, D] float32) and adds it to the head's
+sum with one atomic add per element. Real token counts everywhere; padding never counts.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ..config import SparseConfig
+from ..routing import forced_mask
+
+
+@triton.jit
+def _block_stats_kernel(
+    Q, K, V, PERM,
+    KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, HSUM,
+    sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
+    HC, T, N, G,
+    D: tl.constexpr, BS: tl.constexpr,
+    NEED_PWT: tl.constexpr, NEED_H: tl.constexpr, HAS_PERM: tl.constexpr,
+):
+    i_g, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_bh = i_b * HC + i_h
+    o_m = tl.arange(0, BS)
+    o_d = tl.arange(0, D)
+    p_q = Q + i_b * sq_b + i_h * sq_h
+    p_k = K + i_b * sk_b + i_h * sk_h
+    p_v = V + i_b * sv_b + i_h * sv_h
+    b_h = tl.zeros([D, D], dtype=tl.float32)
+    j0 = i_g * G
+    j1 = tl.minimum(j0 + G, N)
+    for j in range(j0, j1):
+        o_t = j * BS + o_m
+        m_t = o_t < T
+        if HAS_PERM:
+            o_r = tl.load(PERM + o_t, mask=m_t, other=0).to(tl.int64)
+        else:
+            o_r = o_t.to(tl.int64)
+        cnt = tl.minimum(T - j * BS, BS).to(tl.float32)
+        b_k = tl.load(p_k + o_r[:, None] * sk_t + o_d[None, :], mask=m_t[:, None], other=0.0)  # [BS, D]
+        b_kf = b_k.to(tl.float32)
+        b_kbar = tl.sum(b_kf, axis=0) / cnt  # [D]
+        b_kc = tl.where(m_t[:, None], b_kf - b_kbar[None, :], 0.0)  # centred keys, padding zeroed
+        b_v = tl.load(p_v + o_r[:, None] * sv_t + o_d[None, :], mask=m_t[:, None], other=0.0)  # [BS, D]
+        b_vmean = tl.sum(b_v.to(tl.float32), axis=0) / cnt
+        b_q = tl.load(p_q + o_r[:, None] * sq_t + o_d[None, :], mask=m_t[:, None], other=0.0).to(tl.float32)
+        b_qbar = tl.sum(b_q, axis=0) / cnt
+        o_s = (i_bh * N + j) * D + o_d
+        tl.store(KBAR + o_s, b_kbar)
+        tl.store(KBAR_LP + o_s, b_kbar.to(KBAR_LP.dtype.element_ty))
+        tl.store(VMEAN_LP + o_s, b_vmean.to(VMEAN_LP.dtype.element_ty))
+        tl.store(QBAR + o_s, b_qbar)
+        if NEED_PWT:
+            tl.store(KSIG2 + o_s, tl.sum(b_kc * b_kc, axis=0) / cnt)
+            tl.store(Q2 + o_s, tl.sum(b_q * b_q, axis=0) / cnt)
+        if NEED_H:
+            # H_j = (K_j - kbar_j)^T V_j  [D, BS] x [BS, D]
+            b_h += tl.dot(tl.trans(b_kc.to(b_v.dtype)), b_v)
+    if NEED_H:
+        tl.atomic_add(HSUM + i_bh * D * D + o_d[:, None] * D + o_d[None, :], b_h)
+
+
+@triton.jit
+def _hnorm_kernel(
+    K, V, PERM, HBAR32, HNORM,
+    sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
+    HC, T, N,
+    D: tl.constexpr, BS: tl.constexpr, HAS_PERM: tl.constexpr,
+):
+    """||H_j - H-bar||_F per block (cov_bias only): a second pass, since H-bar is known only after the first."""
+    j, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_bh = i_b * HC + i_h
+    o_m = tl.arange(0, BS)
+    o_d = tl.arange(0, D)
+    o_t = j * BS + o_m
+    m_t = o_t < T
+    if HAS_PERM:
+        o_r = tl.load(PERM + o_t, mask=m_t, other=0).to(tl.int64)
+    else:
+        o_r = o_t.to(tl.int64)
+    cnt = tl.minimum(T - j * BS, BS).to(tl.float32)
+    b_k = tl.load(K + i_b * sk_b + i_h * sk_h + o_r[:, None] * sk_t + o_d[None, :], mask=m_t[:, None], other=0.0)
+    b_kf = b_k.to(tl.float32)
+    b_kc = tl.where(m_t[:, None], b_kf - (tl.sum(b_kf, axis=0) / cnt)[None, :], 0.0)
+    b_v = tl.load(V + i_b * sv_b + i_h * sv_h + o_r[:, None] * sv_t + o_d[None, :], mask=m_t[:, None], other=0.0)
+    b_hj = tl.dot(tl.trans(b_kc.to(b_v.dtype)), b_v)  # [D, D]
+    b_hbar = tl.load(HBAR32 + i_bh * D * D + o_d[:, None] * D + o_d[None, :])
+    b_diff = b_hj - b_hbar
+    tl.store(HNORM + i_bh * N + j, tl.sqrt(tl.sum(tl.sum(b_diff * b_diff, axis=1), axis=0)))
+
+
+@dataclass
+class TritonStats:
+    """Per (batch, head-chunk) statistics; float32 for routing, input dtype for the attention kernel."""
+    kbar: torch.Tensor  # [B, HC, N, D] float32
+    qbar: torch.Tensor  # [B, HC, N, D] float32
+    q2: torch.Tensor | None  # [B, HC, N, D] float32 (PWT)
+    ksig2: torch.Tensor | None  # [B, HC, N, D] float32 (PWT)
+    kbar_lp: torch.Tensor  # [B, HC, N, D] input dtype
+    vmean_lp: torch.Tensor  # [B, HC, N, D] input dtype (V-hat / n_j)
+    hbar: torch.Tensor | None  # [B, HC, D, D] float32
+    hbar_lp: torch.Tensor | None  # [B, HC, D, D] input dtype
+    hnorm: torch.Tensor | None  # [B, HC, N] float32 (cov_bias)
+    counts: torch.Tensor  # [N] float32
+
+
+def _n_sm(device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def block_stats(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None, need_pwt: bool | None = None,
+                need_h: bool | None = None, need_hnorm: bool | None = None) -> TritonStats:
+    """Statistics of [B, HC, T, D] views (any batch/head/token strides, unit last stride)."""
+    B, HC, T, D = q.shape
+    bs = cfg.block_size
+    n = -(-T // bs)
+    dev = q.device
+    approx = cfg.variant in ("pisa", "pwt")
+    need_pwt = cfg.variant == "pwt" if need_pwt is None else need_pwt
+    need_h = (approx or cfg.cov_bias) if need_h is None else need_h
+    need_hnorm = cfg.cov_bias if need_hnorm is None else need_hnorm
+    f32 = torch.float32
+    kbar = torch.empty(B, HC, n, D, device=dev, dtype=f32)
+    qbar = torch.empty_like(kbar)
+    q2 = torch.empty_like(kbar) if need_pwt else None
+    ksig2 = torch.empty_like(kbar) if need_pwt else None
+    kbar_lp = torch.empty(B, HC, n, D, device=dev, dtype=q.dtype)
+    vmean_lp = torch.empty_like(kbar_lp)
+    hsum = torch.zeros(B, HC, D, D, device=dev, dtype=f32) if need_h else None
+    # enough programs for ~4 waves, each summing H over G blocks in registers before its one atomic add
+    g = max(1, math.ceil(n * B * HC / (4 * _n_sm(dev))))
+    grid = (triton.cdiv(n, g), HC, B)
+    dummy = kbar
+    _block_stats_kernel[grid](
+        q, k, v, perm if perm is not None else dummy,
+        kbar, kbar_lp, vmean_lp, ksig2 if need_pwt else dummy, qbar, q2 if need_pwt else dummy,
+        hsum if need_h else dummy,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        HC, T, n, g,
+        D=D, BS=bs, NEED_PWT=need_pwt, NEED_H=need_h, HAS_PERM=perm is not None,
+        num_warps=8 if D >= 128 else 4,
+    )
+    hbar = hbar_lp = hnorm = None
+    if need_h:
+        hbar = hsum.div_(n)
+        hbar_lp = hbar.to(q.dtype)
+    if need_hnorm:
+        hnorm = torch.empty(B, HC, n, device=dev, dtype=f32)
+        _hnorm_kernel[(n, HC, B)](
+            k, v, perm if perm is not None else dummy, hbar, hnorm,
+            k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
+            HC, T, n, D=D, BS=bs, HAS_PERM=perm is not None, num_warps=8 if D >= 128 else 4,
+        )
+    counts = torch.full((n,), float(bs), device=dev, dtype=f32)
+    counts[-1] = T - (n - 1) * bs
+    return TritonStats(kbar, qbar, q2, ksig2, kbar_lp, vmean_lp, hbar, hbar_lp, hnorm, counts)
+
+
+def bias_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Storage of the per-(query block, KV block) virtual-token bias: -inf marks an exact block, else the
+    gated PWT bonus w (0 for PISA). float16 for 16-bit inputs (w <= ln Bs, so the rounding is <= 2e-3 in
+    the logit); float32 otherwise."""
+    return torch.float16 if dtype in (torch.float16, torch.bfloat16) else torch.float32
+
+
+@torch.no_grad()
+def route(st: TritonStats, cfg: SparseConfig, dtype: torch.dtype):
+    """(idx [B, HC, Nq, K] int32 ascending, -1 padded; vbias [B, HC, Nq, N] view of an N+1 wide buffer).
+
+    The same arithmetic as kernels.routing.route (score, cov_bias, PWT rank bonus, forced band and sinks
+    at +inf, top-k with forced blocks inside the budget), without materialising the bool mask and the
+    float32 w separately: the virtual-token bias carries both.
+    """
+    scale = float(cfg.scale)
+    nq, n = st.qbar.shape[-2], st.kbar.shape[-2]
+    score = torch.matmul(st.qbar, st.kbar.transpose(-1, -2)).mul_(scale)  # [B, HC, Nq, N]
+    if cfg.cov_bias:
+        score.add_(torch.log(st.hnorm + 1e-6)[..., None, :])
+    vbias = torch.zeros(*score.shape[:-1], n + 1, device=score.device, dtype=bias_dtype(dtype))
+    if cfg.variant == "pwt":
+        ln_b = math.log(cfg.block_size)
+        w = torch.matmul(st.q2, st.ksig2.transpose(-1, -2)).mul_(0.5 * scale * scale)
+        score.add_(torch.clamp(w, max=ln_b))
+        vbias[..., :n] = w.masked_fill_(w > ln_b, 0.0)
+        del w
+    score = torch.nan_to_num_(score, nan=-1e30, posinf=1e30, neginf=-1e30)
+    forced = forced_mask(nq, n, cfg.band, cfg.n_sink_blocks, score.device)
+    score.masked_fill_(forced, float("inf"))
+    k = cfg.budget(n)
+    n_forced = forced.sum(-1)
+    kmax = int(max(k, int(n_forced.max())))
+    top = torch.topk(score, kmax, dim=-1, sorted=True).indices
+    del score
+    keep = torch.arange(kmax, device=top.device) < torch.clamp(n_forced, min=k)[:, None]
+    idx = torch.sort(torch.where(keep, top, n), dim=-1).values
+    # the spare column N absorbs the padding entries
+    vbias.scatter_(-1, idx, float("-inf"))
+    idx = torch.where(idx < n, idx, -1).to(torch.int32)
+    return idx, vbias[..., :n]
+
+
+def vbias_from_routing(routing, dtype: torch.dtype) -> torch.Tensor:
+    """The kernel's virtual-token bias from a kernels.routing.Routing (exact -> -inf, else gated w)."""
+    return routing.w.to(bias_dtype(dtype)).masked_fill(routing.exact, float("-inf"))
