@@ -6,6 +6,7 @@ the zero padding of a short last block never counts.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -94,7 +95,7 @@ def block_stats(q, k, v, block_size: int = 64, *, need_hnorm: bool = False) -> B
 def pwt_bonus(stats: BlockStats, scale: float, block_size: int):
     """w_ij = 1/2 s^2 sum_d q2_i[d] sigma2_j[d]; gated to 0 above ln Bs; ranking uses min(w, ln Bs)."""
     w = (0.5 * scale * scale) * (stats.q2 @ stats.ksig2.transpose(-1, -2))  # [B, H, Nq, N]
-    ln_b = float(torch.log(torch.tensor(float(block_size))))
+    ln_b = math.log(block_size)
     w_gated = torch.where(w > ln_b, torch.zeros_like(w), w)
     w_rank = torch.clamp(w, max=ln_b)
     return w_gated, w_rank
