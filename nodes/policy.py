@@ -1,0 +1,235 @@
+"""When to sparsify: the one place that decides (pure Python, no ComfyUI, no torch).
+
+Every rule returns a reason string when a call must stay dense, or None when it may run sparse, so the
+glue can log each distinct reason once and a test can read the decisions as data. Units are already
+converted (fractions, sets of block indices, sigmas); the node's `execute` does the UI conversion.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+VARIANTS = ("pwt", "pisa", "drop", "off")
+REORDERS = ("morton", "none")
+BACKENDS = ("auto", "triton", "cute", "torch")
+
+# Paper protocol (PISA §5, PWT README): the first 10 of 50 sampling steps run dense.
+AUTO_DENSE_STEP_FRACTION = 0.2
+# head dims the operator's fast backends are built for; anything else stays dense
+SUPPORTED_HEAD_DIMS = (32, 64, 80, 96, 128, 256)
+SUPPORTED_DTYPES = ("torch.float16", "torch.bfloat16", "torch.float32")
+
+# ComfyUI model classes we know the token layout of: (model_base class, diffusion model class) -> family
+FAMILIES = {
+    ("WAN21", "WanModel"): "wan",
+    ("Flux", "Flux"): "flux",
+}
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The node's inputs in operator units."""
+
+    variant: str = "pwt"
+    density: float = 0.125
+    band: int = 1
+    sink_blocks: int | None = None  # None = auto (text prefix for FLUX, 0 for Wan)
+    dense_steps: int = -1  # -1 = auto (first 20% of the steps), 0 = none, N = first N steps
+    start_percent: float = 0.0  # sparse only inside [start_percent, end_percent] of the schedule,
+    end_percent: float = 1.0  # compared as sigmas (ComfyUI's percent_to_sigma), like the core nodes
+    dense_blocks: tuple[int, ...] = (0, -1)  # may hold negative indices (from the end)
+    reorder: str = "morton"
+    cov_bias: bool = False
+    min_tokens: int = 4096
+    backend: str = "auto"
+    block_size: int = 64
+
+
+def parse_dense_blocks(text: str) -> tuple[int, ...]:
+    """"0,-1" / "0-3, 10, -2" / "" -> sorted tuple of ints (ranges inclusive, negatives count from the end).
+
+    Raises ValueError with the offending piece."""
+    out: set[int] = set()
+    for raw in str(text).replace(";", ",").split(","):
+        piece = raw.strip()
+        if not piece:
+            continue
+        # a range "a-b" whose ends may be negative: split on a '-' that is not a leading sign
+        cut = piece.find("-", 1)
+        try:
+            if cut > 0:
+                a, b = int(piece[:cut]), int(piece[cut + 1:])
+                if (a < 0) != (b < 0) or b < a:
+                    raise ValueError
+                out.update(range(a, b + 1))
+            else:
+                out.add(int(piece))
+        except ValueError:
+            raise ValueError(f"dense_blocks: cannot read {piece!r}; use indices and ranges like \"0,-1\" or "
+                             f"\"0-2,39\" (negative = from the last block)") from None
+    return tuple(sorted(out))
+
+
+def parse_sink_blocks(text) -> int | None:
+    """"auto" -> None; "3" -> 3. Raises ValueError for anything else."""
+    s = str(text).strip().lower()
+    if s in ("", "auto"):
+        return None
+    try:
+        n = int(s)
+    except ValueError:
+        raise ValueError(f"sink_blocks must be \"auto\" or an integer >= 0, got {text!r}") from None
+    if n < 0:
+        raise ValueError(f"sink_blocks must be \"auto\" or an integer >= 0, got {text!r}")
+    return n
+
+
+def resolve_dense_blocks(dense_blocks, total_blocks: int) -> frozenset[int]:
+    """Negative indices counted from the end; indices outside [0, total) are ignored."""
+    out = set()
+    for b in dense_blocks:
+        i = b + total_blocks if b < 0 else b
+        if 0 <= i < total_blocks:
+            out.add(i)
+    return frozenset(out)
+
+
+def resolve_dense_steps(dense_steps: int, n_steps: int) -> int:
+    """How many leading steps run dense: -1 -> 20% of the schedule (10 of 50), else as given."""
+    if dense_steps < 0:
+        return int(math.floor(AUTO_DENSE_STEP_FRACTION * n_steps + 0.5))
+    return dense_steps
+
+
+def resolve_sink_blocks(sink_blocks: int | None, n_prefix: int, block_size: int) -> int:
+    """Auto: every block that holds a prefix (text) token is a sink."""
+    if sink_blocks is not None:
+        return sink_blocks
+    return -(-n_prefix // block_size)
+
+
+def step_of(sigma: float, sample_sigmas) -> tuple[int, int] | None:
+    """(step index, number of steps) of `sigma` in a descending schedule of steps + 1 sigmas.
+
+    A sigma between two schedule entries (a 2nd-order sampler's extra evaluation) belongs to the step
+    that starts above it. None when there is no schedule."""
+    if sample_sigmas is None:
+        return None
+    sig = [float(s) for s in sample_sigmas]
+    if len(sig) < 2:
+        return None
+    n_steps = len(sig) - 1
+    tol = 1e-5 * max(1.0, abs(sigma))
+    step = sum(1 for s in sig[:-1] if s >= sigma - tol) - 1
+    return min(max(step, 0), n_steps - 1), n_steps
+
+
+def model_family(model_base_class: str, diffusion_model_class: str) -> tuple[str | None, str | None]:
+    """("wan" | "flux", None) for supported models, else (None, reason naming the class)."""
+    fam = FAMILIES.get((model_base_class, diffusion_model_class))
+    if fam is None:
+        return None, (f"{model_base_class} ({diffusion_model_class}) is not a supported model "
+                      f"(Wan2.1 T2V/I2V, FLUX.1 dev/schnell); attention stays dense")
+    return fam, None
+
+
+def validate_knobs(k: Knobs) -> None:
+    """ValueError for values the UI could not have produced (API prompts, scripts)."""
+    if k.variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {k.variant!r}")
+    if not (0.0 < k.density <= 1.0):
+        raise ValueError(f"density must be in (0, 1], got {k.density}")
+    if k.band < 0:
+        raise ValueError(f"band must be >= 0, got {k.band}")
+    if k.reorder not in REORDERS:
+        raise ValueError(f"reorder must be one of {REORDERS}, got {k.reorder!r}")
+    if k.backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {k.backend!r}")
+    if not (0.0 <= k.start_percent <= k.end_percent <= 1.0):
+        raise ValueError(f"need 0 <= start_percent <= end_percent <= 1, got {k.start_percent}, {k.end_percent}")
+    if k.min_tokens < 0:
+        raise ValueError(f"min_tokens must be >= 0, got {k.min_tokens}")
+
+
+@dataclass(frozen=True)
+class Call:
+    """What the override knows about one attention call (all plain values)."""
+
+    q_len: int
+    k_len: int
+    head_dim: int
+    dtype: str  # str(torch dtype)
+    has_mask: bool
+    n_tokens_expected: int | None  # n_prefix + prod(grid) of this forward, None when unknown
+    block: int | None  # global block index, None when unknown
+    total_blocks: int
+    step: int | None  # None when the schedule is unknown
+    n_steps: int | None
+    sigma: float | None
+    sigma_window: tuple[float, float] | None = None  # (start_sigma, end_sigma) resolved for this run
+    forward_reason: str | None = None  # set when the whole forward is inert (e.g. unknown layout)
+
+
+def call_reason(k: Knobs, c: Call) -> str | None:
+    """Why this call stays dense, or None when it runs sparse. Checked in a fixed order, cheapest first."""
+    if k.variant == "off":
+        return "variant is off"
+    if c.q_len != c.k_len:
+        return "cross-attention"
+    if c.has_mask:
+        return "attention mask present"
+    if c.forward_reason is not None:
+        return c.forward_reason
+    if c.head_dim not in SUPPORTED_HEAD_DIMS:
+        return f"head_dim {c.head_dim} not supported (supported: {', '.join(map(str, SUPPORTED_HEAD_DIMS))})"
+    if c.dtype not in SUPPORTED_DTYPES:
+        return f"dtype {c.dtype} not supported"
+    if c.q_len < k.min_tokens:
+        return f"{c.q_len} tokens < min_tokens {k.min_tokens}"
+    if c.n_tokens_expected is None:
+        return "token grid unknown for this forward"
+    if c.q_len != c.n_tokens_expected:
+        return (f"{c.q_len} tokens but the latent grid gives {c.n_tokens_expected} "
+                f"(reference latents, VACE or another extension adds tokens); attention stays dense")
+    if k.start_percent > 0.0 or k.end_percent < 1.0:
+        if c.sigma is None or c.sigma_window is None:
+            return "sigma or its start/end window unknown, start_percent/end_percent cannot be honoured"
+        start_sigma, end_sigma = c.sigma_window
+        if not (end_sigma <= c.sigma <= start_sigma):
+            return "outside start_percent..end_percent"
+    if c.step is not None and c.n_steps is not None:
+        if c.step < resolve_dense_steps(k.dense_steps, c.n_steps):
+            return "dense step"
+    elif k.dense_steps != 0:
+        return "sampling schedule unknown, dense_steps cannot be honoured"
+    if c.block is None:
+        return "block index unknown"
+    if c.block in resolve_dense_blocks(k.dense_blocks, c.total_blocks):
+        return "dense block"
+    return None
+
+
+# reasons that are part of normal operation: logged at debug level, not announced
+ROUTINE_REASONS = ("cross-attention", "dense step", "dense block", "outside start_percent..end_percent")
+
+
+def is_routine(reason: str) -> bool:
+    return reason in ROUTINE_REASONS
+
+
+@dataclass
+class Tally:
+    """Counts of decisions (for the log line at the end of a run and for the probe summary)."""
+
+    sparse: int = 0
+    dense: dict[str, int] = field(default_factory=dict)
+
+    def add(self, reason: str | None) -> None:
+        if reason is None:
+            self.sparse += 1
+        else:
+            self.dense[reason] = self.dense.get(reason, 0) + 1
+
+    def summary(self) -> str:
+        parts = [f"{self.sparse} sparse"] + [f"{n} dense ({r})" for r, n in sorted(self.dense.items())]
+        return ", ".join(parts)
