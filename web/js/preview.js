@@ -283,7 +283,8 @@ function toggleRect(width) {
 
 function drawPreview(ctx, node, width, y) {
   const k = readKnobs(node);
-  const key = JSON.stringify([k, !!curve]);
+  const key = JSON.stringify([k.preset.id, k.gridAuto, k.variant, k.density, k.band, k.nSink, k.sinks.error,
+    k.denseSteps, k.start, k.end, [...k.dense.set], k.dense.error, k.reorder, k.covBias, k.minTokens, k.backend, !!curve]);
   const state = node.__psaPreviewState ?? (node.__psaPreviewState = { key: null, model: null, draws: 0 });
   if (state.key !== key) {
     state.model = computeModel(k);
@@ -349,6 +350,9 @@ function drawPreview(ctx, node, width, y) {
     nSink: k.nSink,
     reorder: k.reorder,
     nBlocks: m.n,
+    tokens: m.tokens,
+    minTokens: k.minTokens,
+    sparse: m.sparse,
     k: m.k,
     fraction: m.fraction,
     formulaFraction: m.formulaFraction,
@@ -377,6 +381,13 @@ function makeWidget(node) {
       } catch (e) {
         this.failed = true;
         console.warn(`[${EXT}] preview disabled for this node: ${e?.message ?? e}`);
+        try {
+          // give the space back: the node shows its plain widgets only
+          const h = n.computeSize?.()?.[1];
+          if (h) n.setSize?.([n.size[0], h]);
+        } catch (err) {
+          // size is cosmetic
+        }
       }
     },
     computeSize(width) {

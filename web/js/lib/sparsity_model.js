@@ -75,24 +75,36 @@ export function exactFraction(n, density, band, nSink) {
 export function parseSinks(text, preset) {
   const s = String(text ?? "auto").trim().toLowerCase();
   if (s === "" || s === "auto") return { n: Math.ceil(preset.prefix / BLOCK_SIZE), auto: true, error: null };
-  if (/^\d+$/.test(s)) return { n: parseInt(s, 10), auto: false, error: null };
+  if (/^[-+]?\d+$/.test(s) && parseInt(s, 10) >= 0) return { n: parseInt(s, 10), auto: false, error: null };
   return { n: 0, auto: false, error: `sink_blocks "${text}" is not "auto" or an integer` };
 }
 
-// "0,-1" or "0-2,-1" -> Set of block indices in [0, total); negative counts from the end.
+// "0,-1" or "0-2, 39" -> Set of block indices in [0, total); negative counts from the end. Same reading as
+// nodes/policy.py parse_dense_blocks: "," or ";" separate, a range "a-b" has ends of one sign and b >= a.
 export function parseDenseBlocks(text, total) {
   const out = new Set();
-  const s = String(text ?? "").trim();
-  if (!s) return { set: out, error: null };
-  for (const part of s.split(",")) {
-    const p = part.trim();
-    if (!p) continue;
-    const m = p.match(/^(-?\d+)(?:\s*-\s*(-?\d+))?$/);
-    if (!m) return { set: new Set(), error: `dense_blocks "${text}" is not a list like "0,-1" or "0-2"` };
-    const norm = (v) => (v < 0 ? total + v : v);
-    const a = norm(parseInt(m[1], 10));
-    const b = m[2] === undefined ? a : norm(parseInt(m[2], 10));
-    for (let x = Math.min(a, b); x <= Math.max(a, b); x++) if (x >= 0 && x < total) out.add(x);
+  const bad = (piece) => ({ set: new Set(), error: `dense_blocks: cannot read "${piece}" (use "0,-1" or "0-2,39")` });
+  for (const raw of String(text ?? "").replace(/;/g, ",").split(",")) {
+    const piece = raw.trim();
+    if (!piece) continue;
+    const cut = piece.indexOf("-", 1);
+    let lo;
+    let hi;
+    if (cut > 0) {
+      const a = piece.slice(0, cut).trim();
+      const b = piece.slice(cut + 1).trim();
+      if (!/^-?\d+$/.test(a) || !/^-?\d+$/.test(b)) return bad(piece);
+      lo = parseInt(a, 10);
+      hi = parseInt(b, 10);
+      if ((lo < 0) !== (hi < 0) || hi < lo) return bad(piece);
+    } else {
+      if (!/^[-+]?\d+$/.test(piece)) return bad(piece);
+      lo = hi = parseInt(piece, 10);
+    }
+    for (let x = lo; x <= hi; x++) {
+      const i = x < 0 ? x + total : x;
+      if (i >= 0 && i < total) out.add(i);
+    }
   }
   return { set: out, error: null };
 }
@@ -100,7 +112,7 @@ export function parseDenseBlocks(text, total) {
 // Which of `steps` sampling steps run sparse: after the dense warm-up (-1 = first 20%) and inside
 // [start, end] of the schedule.
 export function sparseSteps(denseSteps, start, end, steps) {
-  const warm = denseSteps < 0 ? Math.round(0.2 * steps) : Math.min(denseSteps, steps);
+  const warm = denseSteps < 0 ? Math.floor(0.2 * steps + 0.5) : Math.min(denseSteps, steps);
   const out = new Array(steps);
   for (let s = 0; s < steps; s++) {
     const p = s / steps;
