@@ -92,8 +92,9 @@ class PiecewiseSparseAttention(io.ComfyNode):
                     "4096 sparsifies FLUX at 1024x1024 (4096 image + 512 text tokens) and every Wan 480p "
                     "video (32760 tokens at 81 frames)."))),
                 _advanced(io.Combo.Input("backend", options=list(policy.BACKENDS), default="auto", tooltip=(
-                    "auto: the fastest available (cute on Hopper, else triton, else the PyTorch reference). "
-                    "A backend that cannot run falls back to torch with one log line."))),
+                    "auto: the fastest that can run these inputs (cute on Hopper / SM90, else triton on a CUDA "
+                    "GPU, else the PyTorch reference on any device). A backend that cannot run falls back to "
+                    "torch with 1 log line; the PSA_BACKEND environment variable overrides auto."))),
             ],
             outputs=[io.Model.Output(tooltip="The model with piecewise sparse self-attention.")],
         )
@@ -182,7 +183,9 @@ class PiecewiseSparseProbeReport(io.ComfyNode):
             log.warning("Piecewise Sparse Probe Report: the model did not come from Piecewise Sparse Probe")
         image = probe_report.render(rec)
         text = probe_report.summary(rec)
-        return io.NodeOutput(image, text, ui=ui.PreviewImage(image, cls=cls))
+        shown = ui.PreviewImage(image, cls=cls).as_dict()
+        shown["text"] = [text]  # the summary is shown under the image too (and kept in the history)
+        return io.NodeOutput(image, text, ui=shown)
 
 
 NODES = [PiecewiseSparseAttention, PiecewiseSparseProbe, PiecewiseSparseProbeReport]
