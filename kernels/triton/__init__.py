@@ -79,13 +79,15 @@ def _scratch_fraction() -> float:
 
 
 def _heads_per_chunk(B, H, T, D, cfg, elem_bytes, K, frac) -> int:
-    """Largest head chunk whose statistics + routing scratch stays under frac x bytes(q)."""
+    """Largest head chunk whose statistics + routing scratch stays under max(frac x bytes(q), 64 MiB): the
+    floor keeps small problems in one chunk, where launch overhead, not memory, is what a chunk costs."""
     n = -(-T // cfg.block_size)
-    stats = n * D * (4 + 4 + 2 * elem_bytes + (8 if cfg.variant == "pwt" else 0)) + D * D * (4 + elem_bytes)
-    # float32 score + its top-k temporaries + the bias rows (+ float32 w for pwt)
-    routing = n * n * (4 + 2 + (8 if cfg.variant == "pwt" else 0)) + n * K * 24
+    pwt = cfg.variant == "pwt"
+    stats = n * D * (8 + 2 * elem_bytes + (8 if pwt else 0)) + D * D * (4 + elem_bytes)
+    # float32 score (+ float32 w and the gate for pwt), the float16 bias rows, top-k and sort temporaries
+    routing = n * n * (6 + (5 if pwt else 0)) + n * K * 36
     per_head = B * (stats + routing)
-    budget = frac * B * H * T * D * elem_bytes
+    budget = max(frac * B * H * T * D * elem_bytes, 64 * 2**20)
     return max(1, min(H, int(budget // max(1, per_head))))
 
 

@@ -24,26 +24,35 @@ log = logging.getLogger("piecewise_sparse_attention")
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _configs():
+try:  # host-side TMA descriptors (Hopper+): no device-side allocator, so no triton.set_allocator needed
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except Exception:  # older Triton
+    TensorDescriptor = None
+
+
+def _configs(tma: bool = False):
     if _INTERPRET:
-        return [triton.Config({"BLOCK_N": 128, "BLOCK_V": 64}, num_warps=4, num_stages=1)]
-    # BLOCK_M is fixed at one 64-row query block (routing is per query block); these are the shapes
-    # swept on the H200 (bench/README.md, "tile sweep").
+        return [triton.Config({"BLOCK_N": 128, "BLOCK_V": 64, "USE_TMA": False}, num_warps=4, num_stages=1)]
+    # BLOCK_M is fixed at one 64-row query block (routing is per query block). The pointer-gather shapes
+    # were swept on the H200 (bench/results, "sweep"): BLOCK_N 64 / 4 warps / 3 stages won, 8 warps lost
+    # by 40-70%. TMA loads take one 64-row KV block per step.
     cfgs = []
-    for bn, bv, w, s in ((128, 64, 4, 2), (128, 64, 4, 3), (128, 128, 4, 2), (128, 64, 8, 2),
-                         (128, 128, 8, 3), (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 3)):
-        cfgs.append(triton.Config({"BLOCK_N": bn, "BLOCK_V": bv}, num_warps=w, num_stages=s))
+    for bn, bv, w, s in ((64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 4, 3), (64, 64, 4, 2)):
+        cfgs.append(triton.Config({"BLOCK_N": bn, "BLOCK_V": bv, "USE_TMA": False}, num_warps=w, num_stages=s))
+    if tma:
+        for bv, w, s in ((64, 4, 3), (64, 4, 4), (128, 4, 3), (64, 4, 2)):
+            cfgs.append(triton.Config({"BLOCK_N": 64, "BLOCK_V": bv, "USE_TMA": True}, num_warps=w, num_stages=s))
     return cfgs
 
 
 @triton.jit
 def _psa_fwd_kernel(
-    Q, K, V, O, KBAR, VMEAN, HBAR, VBIAS, IDX, PERM,
+    Q, K, V, O, KBAR, VMEAN, HBAR, VBIAS, IDX, PERM, KD, VD,
     sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t, so_b, so_h, so_t,
     svb_bh, svb_i,
     HC, T, N, NSEL, N_VIRT, qk_scale, scale,
     D: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
-    APPROX: tl.constexpr, HAS_PERM: tl.constexpr,
+    APPROX: tl.constexpr, HAS_PERM: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     LOG2E: tl.constexpr = 1.4426950408889634
     i_m, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -68,27 +77,46 @@ def _psa_fwd_kernel(
     p_k = K + i_b * sk_b + i_h * sk_h
     p_v = V + i_b * sv_b + i_h * sv_h
     p_idx = IDX + (i_bh * N + i_m) * NSEL
-    # exact blocks, BLOCK_N // BS of them per step
-    for kk in range(0, NSEL, BLOCK_N // BS):
-        o_sel = kk + o_n // BS
-        b_j = tl.load(p_idx + o_sel, mask=o_sel < NSEL, other=-1)  # [BLOCK_N] block id of each key row
-        o_tk = b_j * BS + o_n % BS
-        m_k = (b_j >= 0) & (o_tk < T)
-        if HAS_PERM:
-            o_rk = tl.load(PERM + o_tk, mask=m_k, other=0).to(tl.int64)
-        else:
-            o_rk = o_tk.to(tl.int64)
-        b_k = tl.load(p_k + o_rk[:, None] * sk_t + o_d[None, :], mask=m_k[:, None], other=0.0)  # [BLOCK_N, D]
-        b_s = tl.dot(b_q, tl.trans(b_k)) * qk_scale  # [BS, BLOCK_N], log2 units
-        b_s = tl.where(m_k[None, :], b_s, float("-inf"))
-        b_mn = tl.maximum(b_m, tl.max(b_s, axis=1))
-        b_mu = tl.where(b_mn == float("-inf"), 0.0, b_mn)
-        b_alpha = tl.math.exp2(b_m - b_mu)
-        b_p = tl.math.exp2(b_s - b_mu[:, None])
-        b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
-        b_v = tl.load(p_v + o_rk[:, None] * sv_t + o_d[None, :], mask=m_k[:, None], other=0.0)  # [BLOCK_N, D]
-        b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v)
-        b_m = b_mn
+    if USE_TMA:
+        # exact blocks through TMA: one [BS, D] tile per step at a runtime row; rows past T come back zero
+        o_nb = tl.arange(0, BS)
+        for kk in range(0, NSEL):
+            b_jj = tl.load(p_idx + kk)
+            b_j = tl.maximum(b_jj, 0)
+            m_k = (b_jj >= 0) & (b_j * BS + o_nb < T)
+            b_k = KD.load([i_b, i_h, b_j * BS, 0]).reshape(BS, D)
+            b_s = tl.dot(b_q, tl.trans(b_k)) * qk_scale  # [BS, BS], log2 units
+            b_s = tl.where(m_k[None, :], b_s, float("-inf"))
+            b_mn = tl.maximum(b_m, tl.max(b_s, axis=1))
+            b_mu = tl.where(b_mn == float("-inf"), 0.0, b_mn)
+            b_alpha = tl.math.exp2(b_m - b_mu)
+            b_p = tl.math.exp2(b_s - b_mu[:, None])
+            b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
+            b_v = VD.load([i_b, i_h, b_j * BS, 0]).reshape(BS, D)
+            b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v)
+            b_m = b_mn
+    else:
+        # exact blocks, BLOCK_N // BS of them per step
+        for kk in range(0, NSEL, BLOCK_N // BS):
+            o_sel = kk + o_n // BS
+            b_j = tl.load(p_idx + o_sel, mask=o_sel < NSEL, other=-1)  # [BLOCK_N] block id of each key row
+            o_tk = b_j * BS + o_n % BS
+            m_k = (b_j >= 0) & (o_tk < T)
+            if HAS_PERM:
+                o_rk = tl.load(PERM + o_tk, mask=m_k, other=0).to(tl.int64)
+            else:
+                o_rk = o_tk.to(tl.int64)
+            b_k = tl.load(p_k + o_rk[:, None] * sk_t + o_d[None, :], mask=m_k[:, None], other=0.0)  # [BLOCK_N, D]
+            b_s = tl.dot(b_q, tl.trans(b_k)) * qk_scale  # [BS, BLOCK_N], log2 units
+            b_s = tl.where(m_k[None, :], b_s, float("-inf"))
+            b_mn = tl.maximum(b_m, tl.max(b_s, axis=1))
+            b_mu = tl.where(b_mn == float("-inf"), 0.0, b_mn)
+            b_alpha = tl.math.exp2(b_m - b_mu)
+            b_p = tl.math.exp2(b_s - b_mu[:, None])
+            b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
+            b_v = tl.load(p_v + o_rk[:, None] * sv_t + o_d[None, :], mask=m_k[:, None], other=0.0)  # [BLOCK_N, D]
+            b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v)
+            b_m = b_mn
 
     if APPROX:
         o_v = tl.arange(0, BLOCK_V)
@@ -125,13 +153,51 @@ def _psa_fwd_kernel(
              b_o.to(O.dtype.element_ty), mask=m_tq[:, None])
 
 
-_psa_fwd_tuned = triton.autotune(configs=_configs(), key=["D", "APPROX", "HAS_PERM"])(_psa_fwd_kernel)
-_tuned_seen: set = set()
+_KEY = ["D", "APPROX", "HAS_PERM"]  # + the dtypes of the tensor arguments (Triton adds them)
+_tuned_ptr = triton.autotune(configs=_configs(False), key=_KEY)(_psa_fwd_kernel)
+_tuned_tma = triton.autotune(configs=_configs(True), key=_KEY)(_psa_fwd_kernel)
+_seen: set = set()
+_tma_state: dict = {}
+
+
+def _descs(q, k, v, bs):
+    D = q.shape[-1]
+    return tuple(TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, bs, D]) for x in (k, v))
+
+
+def _tma_ok(device) -> bool:
+    """TMA needs SM90+ and host descriptors; probed once per device on a tiny problem (falls back loudly)."""
+    if _INTERPRET or TensorDescriptor is None or device.type != "cuda":
+        return False
+    key = str(device)
+    if key not in _tma_state:
+        ok = torch.cuda.get_device_capability(device)[0] >= 9 and os.environ.get("PSA_TRITON_TMA", "1") != "0"
+        if ok:
+            try:
+                from types import SimpleNamespace
+                q = torch.randn(1, 1, 100, 64, device=device, dtype=torch.bfloat16)
+                idx = torch.tensor([[[[0, -1]], [[0, 1]]]], device=device, dtype=torch.int32)
+                st = SimpleNamespace(kbar_lp=None, vmean_lp=None, hbar_lp=None)
+                cfg = SimpleNamespace(block_size=64, variant="drop", scale=0.125)
+                o1 = attention(q, q, q, torch.empty_like(q), st, idx, None, cfg,
+                               config=dict(BLOCK_N=64, BLOCK_V=64, USE_TMA=True, num_warps=4, num_stages=2))
+                o2 = attention(q, q, q, torch.empty_like(q), st, idx, None, cfg,
+                               config=dict(BLOCK_N=64, BLOCK_V=64, USE_TMA=False, num_warps=4, num_stages=2))
+                ok = bool(torch.allclose(o1.float(), o2.float(), atol=1e-2, rtol=1e-2))
+                if not ok:
+                    log.warning("piecewise_sparse_attention: triton TMA path disagrees with the pointer path; "
+                                "using pointer loads")
+            except Exception as e:  # compile or driver failure: keep the portable path
+                log.warning("piecewise_sparse_attention: triton TMA path unavailable (%s: %s); using pointer "
+                            "loads", type(e).__name__, str(e)[:200])
+                ok = False
+        _tma_state[key] = ok
+    return _tma_state[key]
 
 
 def attention(q, k, v, out, st, idx, vbias, cfg, *, perm=None, config: dict | None = None):
     """Launch the fused kernel on [B, HC, T, D] views (unit last stride). `config` pins a tile config
-    (BLOCK_N, BLOCK_V, num_warps, num_stages) instead of the autotuned one (tests, the tile sweep)."""
+    (BLOCK_N, BLOCK_V, USE_TMA, num_warps, num_stages) instead of the autotuned one (tests, the tile sweep)."""
     B, HC, T, D = q.shape
     bs = cfg.block_size
     n = -(-T // bs)
@@ -139,12 +205,16 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, perm=None, config: dict | No
     approx = cfg.variant in ("pisa", "pwt")
     # density 1 (every block exact in every row) needs no virtual-token scan at all
     n_virt = n if (approx and K < n) else 0
+    if approx:
+        assert vbias.stride(0) == HC * vbias.stride(1) and vbias.stride(-1) == 1
+    want_tma = config["USE_TMA"] if config is not None else (perm is None and _tma_ok(q.device))
+    kd, vd = _descs(q, k, v, bs) if want_tma else (k, v)
     dummy = idx
     args = (
         q, k, v, out,
         st.kbar_lp if approx else dummy, st.vmean_lp if approx else dummy,
         st.hbar_lp if approx else dummy, vbias if approx else dummy, idx,
-        perm if perm is not None else dummy,
+        perm if perm is not None else dummy, kd, vd,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
         vbias.stride(1) if approx else 0, vbias.stride(2) if approx else 0,
@@ -152,21 +222,19 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, perm=None, config: dict | No
     )
     grid = (n, HC, B)
     meta = dict(D=D, BS=bs, APPROX=approx, HAS_PERM=perm is not None)
-    if vbias is not None and approx:
-        assert vbias.stride(0) == HC * vbias.stride(1) and vbias.stride(-1) == 1
     if config is not None:
         c = dict(config)
-        _psa_fwd_kernel[grid](*args, **meta, BLOCK_N=c.pop("BLOCK_N"), BLOCK_V=c.pop("BLOCK_V"), **c)
+        _psa_fwd_kernel[grid](*args, **meta, BLOCK_N=c.pop("BLOCK_N"), BLOCK_V=c.pop("BLOCK_V"),
+                              USE_TMA=c.pop("USE_TMA", False), **c)
         return out
-    key = (str(q.dtype), D, approx, perm is not None)
-    if key not in _tuned_seen and not _INTERPRET:
-        _tuned_seen.add(key)
+    tuner = _tuned_tma if want_tma else _tuned_ptr
+    key = (str(q.dtype), D, approx, perm is not None, want_tma)
+    first = key not in _seen and not _INTERPRET
+    if first:
+        _seen.add(key)
         log.info("piecewise_sparse_attention: triton autotune for %s head_dim %d (%s), once per process "
                  "(a few seconds)", q.dtype, D, "pisa/pwt" if approx else "drop")
-    _psa_fwd_tuned[grid](*args, **meta)
-    if key in _tuned_seen and not _INTERPRET:
-        best = getattr(_psa_fwd_tuned, "best_config", None)
-        if best is not None and ("best", key) not in _tuned_seen:
-            _tuned_seen.add(("best", key))
-            log.info("piecewise_sparse_attention: triton autotune picked %s", best)
+    tuner[grid](*args, **meta)
+    if first and getattr(tuner, "best_config", None) is not None:
+        log.info("piecewise_sparse_attention: triton autotune picked %s", tuner.best_config)
     return out

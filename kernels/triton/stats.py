@@ -22,17 +22,54 @@ from ..routing import forced_mask
 @triton.jit
 def _block_stats_kernel(
     Q, K, V, PERM,
-    KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, HSUM,
+    KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2,
     sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
+    HC, T, N,
+    D: tl.constexpr, BS: tl.constexpr, NEED_PWT: tl.constexpr, HAS_PERM: tl.constexpr,
+):
+    """One program per block: means, sums of squares, centred key variance (no serial loop: latency)."""
+    j, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_bh = i_b * HC + i_h
+    o_m = tl.arange(0, BS)
+    o_d = tl.arange(0, D)
+    o_t = j * BS + o_m
+    m_t = o_t < T
+    if HAS_PERM:
+        o_r = tl.load(PERM + o_t, mask=m_t, other=0).to(tl.int64)
+    else:
+        o_r = o_t.to(tl.int64)
+    cnt = tl.minimum(T - j * BS, BS).to(tl.float32)
+    b_k = tl.load(K + i_b * sk_b + i_h * sk_h + o_r[:, None] * sk_t + o_d[None, :], mask=m_t[:, None],
+                  other=0.0).to(tl.float32)  # [BS, D]
+    b_v = tl.load(V + i_b * sv_b + i_h * sv_h + o_r[:, None] * sv_t + o_d[None, :], mask=m_t[:, None],
+                  other=0.0).to(tl.float32)
+    b_q = tl.load(Q + i_b * sq_b + i_h * sq_h + o_r[:, None] * sq_t + o_d[None, :], mask=m_t[:, None],
+                  other=0.0).to(tl.float32)
+    b_kbar = tl.sum(b_k, axis=0) / cnt  # [D]
+    o_s = (i_bh * N + j) * D + o_d
+    tl.store(KBAR + o_s, b_kbar)
+    tl.store(KBAR_LP + o_s, b_kbar.to(KBAR_LP.dtype.element_ty))
+    tl.store(VMEAN_LP + o_s, (tl.sum(b_v, axis=0) / cnt).to(VMEAN_LP.dtype.element_ty))
+    tl.store(QBAR + o_s, tl.sum(b_q, axis=0) / cnt)
+    if NEED_PWT:
+        b_kc = tl.where(m_t[:, None], b_k - b_kbar[None, :], 0.0)  # centred keys, padding zeroed
+        tl.store(KSIG2 + o_s, tl.sum(b_kc * b_kc, axis=0) / cnt)
+        tl.store(Q2 + o_s, tl.sum(b_q * b_q, axis=0) / cnt)
+
+
+@triton.jit
+def _hsum_kernel(
+    K, V, HSUM,
+    sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
     HC, T, N, G,
     D: tl.constexpr, BS: tl.constexpr,
-    NEED_PWT: tl.constexpr, NEED_H: tl.constexpr, HAS_PERM: tl.constexpr,
 ):
+    """sum_j H_j = sum_j (K_j - kbar_j)^T V_j over G blocks per program (split-K), one atomic add of the
+    [D, D] float32 partial per program. Token order does not matter here, so no permutation."""
     i_g, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh = i_b * HC + i_h
     o_m = tl.arange(0, BS)
     o_d = tl.arange(0, D)
-    p_q = Q + i_b * sq_b + i_h * sq_h
     p_k = K + i_b * sk_b + i_h * sk_h
     p_v = V + i_b * sv_b + i_h * sv_h
     b_h = tl.zeros([D, D], dtype=tl.float32)
@@ -41,32 +78,13 @@ def _block_stats_kernel(
     for j in range(j0, j1):
         o_t = j * BS + o_m
         m_t = o_t < T
-        if HAS_PERM:
-            o_r = tl.load(PERM + o_t, mask=m_t, other=0).to(tl.int64)
-        else:
-            o_r = o_t.to(tl.int64)
         cnt = tl.minimum(T - j * BS, BS).to(tl.float32)
-        b_k = tl.load(p_k + o_r[:, None] * sk_t + o_d[None, :], mask=m_t[:, None], other=0.0)  # [BS, D]
+        b_k = tl.load(p_k + o_t[:, None].to(tl.int64) * sk_t + o_d[None, :], mask=m_t[:, None], other=0.0)
+        b_v = tl.load(p_v + o_t[:, None].to(tl.int64) * sv_t + o_d[None, :], mask=m_t[:, None], other=0.0)
         b_kf = b_k.to(tl.float32)
-        b_kbar = tl.sum(b_kf, axis=0) / cnt  # [D]
-        b_kc = tl.where(m_t[:, None], b_kf - b_kbar[None, :], 0.0)  # centred keys, padding zeroed
-        b_v = tl.load(p_v + o_r[:, None] * sv_t + o_d[None, :], mask=m_t[:, None], other=0.0)  # [BS, D]
-        b_vmean = tl.sum(b_v.to(tl.float32), axis=0) / cnt
-        b_q = tl.load(p_q + o_r[:, None] * sq_t + o_d[None, :], mask=m_t[:, None], other=0.0).to(tl.float32)
-        b_qbar = tl.sum(b_q, axis=0) / cnt
-        o_s = (i_bh * N + j) * D + o_d
-        tl.store(KBAR + o_s, b_kbar)
-        tl.store(KBAR_LP + o_s, b_kbar.to(KBAR_LP.dtype.element_ty))
-        tl.store(VMEAN_LP + o_s, b_vmean.to(VMEAN_LP.dtype.element_ty))
-        tl.store(QBAR + o_s, b_qbar)
-        if NEED_PWT:
-            tl.store(KSIG2 + o_s, tl.sum(b_kc * b_kc, axis=0) / cnt)
-            tl.store(Q2 + o_s, tl.sum(b_q * b_q, axis=0) / cnt)
-        if NEED_H:
-            # H_j = (K_j - kbar_j)^T V_j  [D, BS] x [BS, D]
-            b_h += tl.dot(tl.trans(b_kc.to(b_v.dtype)), b_v)
-    if NEED_H:
-        tl.atomic_add(HSUM + i_bh * D * D + o_d[:, None] * D + o_d[None, :], b_h)
+        b_kc = tl.where(m_t[:, None], b_kf - (tl.sum(b_kf, axis=0) / cnt)[None, :], 0.0)
+        b_h += tl.dot(tl.trans(b_kc.to(b_v.dtype)), b_v)  # [D, BS] x [BS, D]
+    tl.atomic_add(HSUM + i_bh * D * D + o_d[:, None] * D + o_d[None, :], b_h)
 
 
 @triton.jit
@@ -110,7 +128,6 @@ class TritonStats:
     hbar: torch.Tensor | None  # [B, HC, D, D] float32
     hbar_lp: torch.Tensor | None  # [B, HC, D, D] input dtype
     hnorm: torch.Tensor | None  # [B, HC, N] float32 (cov_bias)
-    counts: torch.Tensor  # [N] float32
 
 
 def _n_sm(device) -> int:
@@ -137,21 +154,23 @@ def block_stats(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None,
     ksig2 = torch.empty_like(kbar) if need_pwt else None
     kbar_lp = torch.empty(B, HC, n, D, device=dev, dtype=q.dtype)
     vmean_lp = torch.empty_like(kbar_lp)
-    hsum = torch.zeros(B, HC, D, D, device=dev, dtype=f32) if need_h else None
-    # enough programs for ~4 waves, each summing H over G blocks in registers before its one atomic add
-    g = max(1, math.ceil(n * B * HC / (4 * _n_sm(dev))))
-    grid = (triton.cdiv(n, g), HC, B)
+    grid = (n, HC, B)
     dummy = kbar
     _block_stats_kernel[grid](
         q, k, v, perm if perm is not None else dummy,
         kbar, kbar_lp, vmean_lp, ksig2 if need_pwt else dummy, qbar, q2 if need_pwt else dummy,
-        hsum if need_h else dummy,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
-        HC, T, n, g,
-        D=D, BS=bs, NEED_PWT=need_pwt, NEED_H=need_h, HAS_PERM=perm is not None,
-        num_warps=8 if D >= 128 else 4,
+        HC, T, n, D=D, BS=bs, NEED_PWT=need_pwt, HAS_PERM=perm is not None, num_warps=4,
     )
+    if need_h:
+        hsum = torch.zeros(B, HC, D, D, device=dev, dtype=f32)
+        # split-K over blocks: ~4 programs per SM, each summing G blocks in registers before one atomic add
+        g = max(1, math.ceil(n * B * HC / (4 * _n_sm(dev))))
+        _hsum_kernel[(triton.cdiv(n, g), HC, B)](
+            k, v, hsum, k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
+            HC, T, n, g, D=D, BS=bs, num_warps=8 if D >= 128 else 4, num_stages=3,
+        )
     hbar = hbar_lp = hnorm = None
     if need_h:
         hbar = hsum.div_(n)
@@ -163,9 +182,7 @@ def block_stats(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None,
             k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
             HC, T, n, D=D, BS=bs, HAS_PERM=perm is not None, num_warps=8 if D >= 128 else 4,
         )
-    counts = torch.full((n,), float(bs), device=dev, dtype=f32)
-    counts[-1] = T - (n - 1) * bs
-    return TritonStats(kbar, qbar, q2, ksig2, kbar_lp, vmean_lp, hbar, hbar_lp, hnorm, counts)
+    return TritonStats(kbar, qbar, q2, ksig2, kbar_lp, vmean_lp, hbar, hbar_lp, hnorm)
 
 
 def bias_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -192,22 +209,28 @@ def route(st: TritonStats, cfg: SparseConfig, dtype: torch.dtype):
     if cfg.variant == "pwt":
         ln_b = math.log(cfg.block_size)
         w = torch.matmul(st.q2, st.ksig2.transpose(-1, -2)).mul_(0.5 * scale * scale)
-        score.add_(torch.clamp(w, max=ln_b))
-        vbias[..., :n] = w.masked_fill_(w > ln_b, 0.0)
-        del w
+        gate = w > ln_b  # decided in float32, like the reference
+        score.add_(w.clamp_(max=ln_b))  # ranking bonus min(w, ln Bs)
+        vbias[..., :n].copy_(w.masked_fill_(gate, 0.0))  # where not gated, clamped w == w
+        del w, gate
     score = torch.nan_to_num_(score, nan=-1e30, posinf=1e30, neginf=-1e30)
     forced = forced_mask(nq, n, cfg.band, cfg.n_sink_blocks, score.device)
     score.masked_fill_(forced, float("inf"))
     k = cfg.budget(n)
     n_forced = forced.sum(-1)
     kmax = int(max(k, int(n_forced.max())))
-    top = torch.topk(score, kmax, dim=-1, sorted=True).indices
+    if kmax == k:
+        # every row keeps exactly k (forced blocks at +inf are among them): no order needed
+        top = torch.topk(score, k, dim=-1, sorted=False).indices
+    else:
+        top = torch.topk(score, kmax, dim=-1, sorted=True).indices
+        keep = torch.arange(kmax, device=top.device) < torch.clamp(n_forced, min=k)[:, None]
+        top = torch.where(keep, top, n)
     del score
-    keep = torch.arange(kmax, device=top.device) < torch.clamp(n_forced, min=k)[:, None]
-    idx = torch.sort(torch.where(keep, top, n), dim=-1).values
+    idx = torch.sort(top, dim=-1).values
     # the spare column N absorbs the padding entries
     vbias.scatter_(-1, idx, float("-inf"))
-    idx = torch.where(idx < n, idx, -1).to(torch.int32)
+    idx = torch.where(idx < n, idx, -1).to(torch.int32) if kmax != k else idx.to(torch.int32)
     return idx, vbias[..., :n]
 
 
