@@ -66,12 +66,13 @@ def summary(rec) -> str:
                      f"(block {where[1]}, step {where[0]}, head 0); the rest are Taylor virtual tokens")
     if rec.tally.sparse or rec.tally.dense:
         lines.append(f"calls: {rec.tally.summary()}")
-    lines.append("guide: mean error below ~1e-2 is usually invisible; raise density or dense_steps if higher")
+    lines.append("lower is closer to the dense render; compare densities on the same seed, and raise density, "
+                 "band or dense_steps where the map is bright")
     return "\n".join(lines)
 
 
-def render(rec, *, cell: int = 14, max_side: int = 1400) -> torch.Tensor:
-    """IMAGE [1, H, W, 3] float in [0, 1]."""
+def render(rec, *, max_side: int = 480) -> torch.Tensor:
+    """IMAGE [1, H, W, 3] float in [0, 1]: error heat map (left), colour bar, one layer's kept blocks (right)."""
     font = ImageFont.load_default()
     if rec is None or not rec.rel_err:
         img = Image.new("RGB", (640, 120), _BG)
@@ -80,56 +81,55 @@ def render(rec, *, cell: int = 14, max_side: int = 1400) -> torch.Tensor:
         return _to_tensor(img)
     grid, rows = error_grid(rec)
     n_rows, n_cols = grid.shape
-    cell = max(3, min(cell, (max_side // 2) // max(n_cols, 1), (max_side // 2) // max(n_rows, 1)))
-    pad, top, left = 12, 40, 56
+    cell = max(4, min(28, max_side // max(n_cols, 1), max_side // max(n_rows, 1)))
+    pad, top, left = 12, 48, 52
     heat_w, heat_h = n_cols * cell, n_rows * cell
-
+    bar_h = max(heat_h, 120)
+    bar_x, bar_w = left + heat_w + pad, 14
     pat = rec.pattern
-    pat_side = 0
-    if pat is not None:
-        pat_cell = max(1, min(8, 360 // max(pat.shape[0], pat.shape[1])))
-        pat_side = pat_cell
-    pat_w = 0 if pat is None else pat.shape[1] * pat_side
-    pat_h = 0 if pat is None else pat.shape[0] * pat_side
-    bar_w = 16
-    W = left + heat_w + pad + bar_w + 48 + (pat_w + 2 * pad if pat is not None else 0) + pad
-    H = top + max(heat_h, pat_h, 160) + 36
+    kn = rec.knobs or policy.Knobs()
+    where = rec.pattern_where or (None, None)
+    pat_title = f"exact KV blocks: block {where[1]}, step {where[0]}, head 0"
+    pat_caption = "rows: query blocks, columns: KV blocks, white = exact"
+    px = bar_x + bar_w + 48
+    pat_cell = 0 if pat is None else max(1, min(12, 360 // max(pat.shape)))
+    pat_w = 0 if pat is None else pat.shape[1] * pat_cell
+    pat_h = 0 if pat is None else pat.shape[0] * pat_cell
+    text_w = 6 * max(len(pat_title), len(pat_caption)) if pat is not None else 0
+    title = (f"relative error of sparse vs dense attention per block x step - {rec.family}, {kn.variant}, "
+             f"density {kn.density:.3f}, band {kn.band}")
+    W = max(px + max(pat_w, text_w) + pad if pat is not None else px, 6 * len(title) + 2 * pad)
+    H = top + max(bar_h, pat_h + 20) + 48
     img = Image.new("RGB", (W, H), _BG)
     d = ImageDraw.Draw(img)
-    kn = rec.knobs or policy.Knobs()
-    d.text((pad, 8), f"relative error vs dense per block x step - {rec.family} {kn.variant} density "
-           f"{kn.density:.3f} band {kn.band}", fill=_FG, font=font)
+    d.text((pad, 8), title, fill=_FG, font=font)
+    d.text((left, top - 16), "block ->", fill=_FG, font=font)
+    d.text((pad, top - 16), "step", fill=_FG, font=font)
     for r in range(n_rows):
         for c in range(n_cols):
             v = float(grid[r, c])
             col = tuple(int(255 * x) for x in _EMPTY) if math.isnan(v) else _colour(_err_pos(v))
             x0, y0 = left + c * cell, top + r * cell
             d.rectangle([x0, y0, x0 + cell - 1, y0 + cell - 1], fill=col)
-    d.text((left, top - 14), "block ->", fill=_FG, font=font)
-    d.text((pad, top), "step", fill=_FG, font=font)
-    for r in range(0, n_rows, max(1, n_rows // 8)):
-        d.text((pad, top + r * cell + 12), str(rows[r]), fill=_FG, font=font)
-    for c in range(0, n_cols, max(1, n_cols // 8)):
+    label_every = max(1, math.ceil(12 / cell))
+    for r in range(0, n_rows, label_every):
+        d.text((pad, top + r * cell + max(0, (cell - 10) // 2)), str(rows[r]), fill=_FG, font=font)
+    for c in range(0, n_cols, max(label_every, math.ceil(24 / cell))):
         d.text((left + c * cell, top + heat_h + 4), str(c), fill=_FG, font=font)
-    # colour bar
-    bx = left + heat_w + pad
-    for y in range(heat_h if heat_h >= 60 else 60):
-        d.line([bx, top + y, bx + bar_w, top + y], fill=_colour(1.0 - y / max(1, (heat_h if heat_h >= 60 else 60) - 1)))
-    d.text((bx + bar_w + 3, top), "1", fill=_FG, font=font)
-    d.text((bx + bar_w + 3, top + max(heat_h, 60) - 10), "1e-4", fill=_FG, font=font)
+    for y in range(bar_h):
+        d.line([bar_x, top + y, bar_x + bar_w, top + y], fill=_colour(1.0 - y / max(1, bar_h - 1)))
+    d.text((bar_x + bar_w + 4, top), "1", fill=_FG, font=font)
+    d.text((bar_x + bar_w + 4, top + bar_h // 2 - 5), "1e-2", fill=_FG, font=font)
+    d.text((bar_x + bar_w + 4, top + bar_h - 10), "1e-4", fill=_FG, font=font)
     if pat is not None:
-        px = bx + bar_w + 48 + pad
-        where = rec.pattern_where or (None, None)
-        d.text((px, top - 14), f"exact KV blocks, block {where[1]} step {where[0]} head 0", fill=_FG, font=font)
+        d.text((px, top - 16), pat_title, fill=_FG, font=font)
         p = pat.to(torch.bool)
-        for i in range(p.shape[0]):
-            for j in range(p.shape[1]):
-                if p[i, j]:
-                    x0, y0 = px + j * pat_side, top + i * pat_side
-                    d.rectangle([x0, y0, x0 + pat_side - 1, y0 + pat_side - 1], fill=(250, 250, 250))
-        d.rectangle([px - 1, top - 1, px + pat_w, top + pat_h], outline=(120, 120, 120))
-        d.text((px, top + pat_h + 4), "query block (rows) x KV block (cols); white = exact", fill=_FG, font=font)
-    d.text((pad, H - 16), "grey = dense (step or block kept dense)", fill=_FG, font=font)
+        d.rectangle([px, top, px + pat_w - 1, top + pat_h - 1], fill=(60, 60, 60))
+        for i, j in p.nonzero().tolist():
+            x0, y0 = px + j * pat_cell, top + i * pat_cell
+            d.rectangle([x0, y0, x0 + pat_cell - 1, y0 + pat_cell - 1], fill=(250, 250, 250))
+        d.text((px, top + pat_h + 6), pat_caption, fill=_FG, font=font)
+    d.text((pad, H - 18), "grey cells ran dense (dense step or dense block); log colour scale", fill=_FG, font=font)
     return _to_tensor(img)
 
 

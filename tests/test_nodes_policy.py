@@ -1,0 +1,132 @@
+"""The one module that decides when to sparsify (nodes/policy.py): pure Python, no ComfyUI."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from comfy_inproc import load_pack
+
+load_pack()
+from psa_pack.nodes import policy  # noqa: E402
+from psa_pack.nodes.policy import Call, Knobs, call_reason  # noqa: E402
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("0,-1", (-1, 0)), ("", ()), (" 0 , 2-4 ,-1", (-1, 0, 2, 3, 4)), ("-3--1", (-3, -2, -1)), ("5;5", (5,)),
+])
+def test_parse_dense_blocks(text, expected):
+    assert policy.parse_dense_blocks(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["a", "1-", "3-1", "-1-2", "1.5"])
+def test_parse_dense_blocks_rejects_with_the_piece(bad):
+    with pytest.raises(ValueError, match="dense_blocks"):
+        policy.parse_dense_blocks(bad)
+
+
+def test_resolve_dense_blocks_counts_negatives_from_the_end_and_ignores_out_of_range():
+    assert policy.resolve_dense_blocks((0, -1), 40) == {0, 39}
+    assert policy.resolve_dense_blocks((0, -1, 99, -99), 4) == {0, 3}
+
+
+@pytest.mark.parametrize("text,expected", [("auto", None), (" AUTO ", None), ("", None), ("3", 3), ("0", 0)])
+def test_parse_sink_blocks(text, expected):
+    assert policy.parse_sink_blocks(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["-1", "x", "1.5"])
+def test_parse_sink_blocks_rejects(bad):
+    with pytest.raises(ValueError, match="sink_blocks"):
+        policy.parse_sink_blocks(bad)
+
+
+def test_auto_sinks_cover_the_text_prefix():
+    assert policy.resolve_sink_blocks(None, 512, 64) == 8  # FLUX: 512 T5 tokens
+    assert policy.resolve_sink_blocks(None, 77, 64) == 2
+    assert policy.resolve_sink_blocks(None, 0, 64) == 0  # Wan
+    assert policy.resolve_sink_blocks(3, 512, 64) == 3
+
+
+@pytest.mark.parametrize("n_steps,dense", [(50, 10), (30, 6), (20, 4), (4, 1), (1, 0)])
+def test_auto_dense_steps_is_the_papers_20_percent(n_steps, dense):
+    assert policy.resolve_dense_steps(-1, n_steps) == dense
+    assert policy.resolve_dense_steps(0, n_steps) == 0
+    assert policy.resolve_dense_steps(3, n_steps) == 3
+
+
+def test_step_of_maps_sigmas_and_in_between_evaluations():
+    sched = [1.0, 0.75, 0.5, 0.25, 0.0]
+    assert [policy.step_of(s, sched) for s in (1.0, 0.75, 0.5, 0.25)] == [(i, 4) for i in range(4)]
+    assert policy.step_of(0.6, sched) == (1, 4)  # a 2nd-order sampler's extra evaluation inside step 1
+    assert policy.step_of(0.75 * (1 + 1e-7), sched) == (1, 4)
+    assert policy.step_of(5.0, sched) == (0, 4)
+    assert policy.step_of(0.5, None) is None and policy.step_of(0.5, [1.0]) is None
+
+
+def test_model_family_names_the_class_of_unsupported_models():
+    assert policy.model_family("WAN21", "WanModel") == ("wan", None)
+    assert policy.model_family("Flux", "Flux") == ("flux", None)
+    fam, reason = policy.model_family("SDXL", "UNetModel")
+    assert fam is None and "SDXL" in reason and "UNetModel" in reason
+    assert policy.model_family("WAN22", "WanModel")[0] is None  # Wan2.2 5B: other layout, not claimed
+
+
+def _call(**kw):
+    c = dict(q_len=8192, k_len=8192, head_dim=128, dtype="torch.bfloat16", has_mask=False, n_tokens_expected=8192,
+             block=5, total_blocks=40, step=20, n_steps=50, sigma=0.5, sigma_window=(math.inf, -math.inf))
+    c.update(kw)
+    return Call(**c)
+
+
+def test_a_plain_self_attention_call_runs_sparse():
+    assert call_reason(Knobs(), _call()) is None
+
+
+@pytest.mark.parametrize("knobs,call,reason", [
+    (Knobs(variant="off"), {}, "variant is off"),
+    (Knobs(), {"k_len": 512}, "cross-attention"),
+    (Knobs(), {"has_mask": True}, "attention mask present"),
+    (Knobs(), {"forward_reason": "unknown layout"}, "unknown layout"),
+    (Knobs(), {"head_dim": 72}, "head_dim 72 not supported"),
+    (Knobs(), {"dtype": "torch.float64"}, "dtype torch.float64 not supported"),
+    (Knobs(), {"q_len": 1024, "k_len": 1024, "n_tokens_expected": 1024}, "1024 tokens < min_tokens 4096"),
+    (Knobs(), {"n_tokens_expected": None}, "token grid unknown"),
+    (Knobs(), {"n_tokens_expected": 4096}, "8192 tokens but the latent grid gives 4096"),
+    (Knobs(start_percent=0.2), {"sigma_window": (0.4, -math.inf)}, "outside start_percent..end_percent"),
+    (Knobs(end_percent=0.9), {"sigma_window": (math.inf, 0.6)}, "outside start_percent..end_percent"),
+    (Knobs(end_percent=0.9), {"sigma_window": None}, "sigma or its start/end window unknown"),
+    (Knobs(), {"step": 9}, "dense step"),
+    (Knobs(dense_steps=25), {"step": 24}, "dense step"),
+    (Knobs(), {"step": None, "n_steps": None}, "sampling schedule unknown"),
+    (Knobs(), {"block": 0}, "dense block"),
+    (Knobs(), {"block": 39}, "dense block"),
+    (Knobs(dense_blocks=(3,)), {"block": 3}, "dense block"),
+    (Knobs(), {"block": None}, "block index unknown"),
+])
+def test_dense_reasons(knobs, call, reason):
+    got = call_reason(knobs, _call(**call))
+    assert got is not None and got.startswith(reason), got
+
+
+def test_edges_of_the_windows_are_sparse():
+    assert call_reason(Knobs(), _call(step=10)) is None  # steps 0..9 dense of 50
+    assert call_reason(Knobs(dense_steps=0), _call(step=None, n_steps=None)) is None
+    assert call_reason(Knobs(dense_blocks=()), _call(block=0)) is None
+    assert call_reason(Knobs(start_percent=0.2, end_percent=0.8), _call(sigma=0.4, sigma_window=(0.4, 0.3))) is None
+    assert call_reason(Knobs(min_tokens=8192), _call()) is None
+
+
+def test_validate_knobs():
+    policy.validate_knobs(Knobs())
+    for bad in (Knobs(variant="x"), Knobs(density=0.0), Knobs(density=1.5), Knobs(band=-1), Knobs(reorder="hilbert"),
+                Knobs(backend="cuda"), Knobs(start_percent=0.8, end_percent=0.2), Knobs(min_tokens=-1)):
+        with pytest.raises(ValueError):
+            policy.validate_knobs(bad)
+
+
+def test_tally_summary():
+    t = policy.Tally()
+    for r in (None, None, "dense step", "cross-attention", "dense step"):
+        t.add(r)
+    assert t.summary() == "2 sparse, 1 dense (cross-attention), 2 dense (dense step)"
