@@ -4,16 +4,11 @@ screen. See ../shared/TESTING.md for the facts these rely on."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
-import socket
-import subprocess
-import sys
-import tempfile
-import time
-import urllib.request
 from pathlib import Path
+
+from comfy_server import SKIP_REASON, comfy_server, comfyui_path
 
 ROOT = Path(__file__).resolve().parent.parent
 # the pack ComfyUI loads: this repo (PSA_BROWSER_PACK points elsewhere, e.g. an installed copy)
@@ -44,11 +39,6 @@ def chromium_path() -> str | None:
     return None
 
 
-def comfyui_path() -> Path | None:
-    p = Path(os.environ.get("COMFYUI_PATH") or Path.home() / "comfy" / "ComfyUI").expanduser()
-    return p if (p / "main.py").is_file() else None
-
-
 def missing_reason() -> str | None:
     """Why the browser tests cannot run here, or None."""
     try:
@@ -58,7 +48,7 @@ def missing_reason() -> str | None:
     if chromium_path() is None:
         return "Chromium not found at /usr/bin/chromium (apt-get install -y chromium)"
     if comfyui_path() is None:
-        return "no ComfyUI checkout at $COMFYUI_PATH or ~/comfy/ComfyUI"
+        return SKIP_REASON
     try:
         import comfyui_frontend_package  # noqa: F401
     except ImportError:
@@ -68,71 +58,12 @@ def missing_reason() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(url: str, timeout: float = 2.0) -> bytes:
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return r.read()
-
-
 @contextlib.contextmanager
-def comfy_with_pack(pack_dir: Path = PACK, timeout: float = 180.0):
-    """Start ComfyUI (CPU) on a free local port with `pack_dir` as a custom node under a folder name of
-    its own; yield (base_url, workdir). Everything it writes stays in a temporary directory."""
-    comfy = comfyui_path()
-    assert comfy is not None
-    work = Path(tempfile.mkdtemp(prefix="psa_browser_"))
-    nodes_dir = work / "custom_nodes"
-    nodes_dir.mkdir()
-    # CI clones under another name: the folder name must not matter
-    (nodes_dir / "psa_pack_under_test").symlink_to(pack_dir.resolve(), target_is_directory=True)
-    user = work / "user"
-    (user / "default").mkdir(parents=True)
-    (user / "default" / "comfy.settings.json").write_text(json.dumps(SETTINGS))
-    for d in ("output", "temp"):
-        (work / d).mkdir()
-    (work / "extra.yaml").write_text(f"psa_browser:\n  custom_nodes: {nodes_dir}\n")
-    port = _free_port()
-    log = open(work / "server.log", "wb")
-    cmd = [sys.executable, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port),
-           "--extra-model-paths-config", str(work / "extra.yaml"), "--output-directory", str(work / "output"),
-           "--user-directory", str(user), "--temp-directory", str(work / "temp"),
-           "--database-url", "sqlite:///:memory:", "--disable-auto-launch"]
-    proc = subprocess.Popen(cmd, cwd=comfy, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        t0 = time.monotonic()
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"ComfyUI exited with {proc.returncode}:\n{_tail(work / 'server.log')}")
-            try:
-                _get(base + "/system_stats")
-                break
-            except OSError:
-                if time.monotonic() - t0 > timeout:
-                    raise RuntimeError(f"ComfyUI did not answer in {timeout:.0f} s:\n{_tail(work / 'server.log')}")
-                time.sleep(0.5)
-        yield base, work
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def _tail(path: Path, n: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return ""
+def comfy_with_pack(pack_dir: Path = PACK):
+    """ComfyUI (CPU) on a free local port with the pack loaded and the settings above; yields
+    (base_url, tmp) where tmp holds the server's output/, temp/, input/ and server.log."""
+    with comfy_server(user_settings=SETTINGS, pack_dir=pack_dir) as url:
+        yield str(url), Path(url.tmp)
 
 
 def answer_known_noise(context) -> None:
@@ -157,9 +88,9 @@ class Console:
     def errors(self) -> list[str]:
         return [f"{t}: {x}" for t, x in self.messages if t in ("error", "pageerror")]
 
-    def ours(self) -> list[str]:
-        """Anything our extensions said (they only speak when they fall back)."""
-        return [f"{t}: {x}" for t, x in self.messages if "piecewise_sparse" in x]
+    def ours(self, since: int = 0) -> list[str]:
+        """Anything our extensions said from message `since` on (they only speak when they fall back)."""
+        return [f"{t}: {x}" for t, x in self.messages[since:] if "piecewise_sparse" in x]
 
 
 def node_screen_box(page, node_id: int, local: list[float]) -> dict:

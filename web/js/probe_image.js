@@ -6,14 +6,20 @@ const EXT = "piecewise_sparse.probe_image";
 const NODE = "PiecewiseSparseProbeReport";
 const MIN_W = 520;
 const MAX_IMAGE_H = 640;
+const CAPTION_H = 24;
 
+// The frontend's canvas image preview fills the node's free space and letterboxes the image in it: size
+// the node so that this space has the image's aspect ratio at a readable width.
 function growForImage(node, img) {
   const w = Math.max(node.size[0], MIN_W);
   const aspect = img?.naturalWidth > 0 ? img.naturalHeight / img.naturalWidth : 0.75;
   const imageH = Math.min(MAX_IMAGE_H, Math.round((w - 20) * aspect));
-  // height of everything above the image: the node's own minimum without the image preview
-  const base = node.computeSize?.()?.[1] ?? 100;
-  const h = Math.max(node.size[1], base + imageH);
+  const preview = node.widgets?.find((x) => typeof x?.name === "string" && x.name.includes("image-preview"));
+  const top = preview ? (preview.y ?? preview.last_y) : undefined;
+  // with the preview widget: its top + the image + the size caption; else the node's own minimum + the image
+  const h = Number.isFinite(top) && top > 0
+    ? top + imageH + CAPTION_H
+    : Math.max(node.size[1], (node.computeSize?.()?.[1] ?? 100) + imageH);
   if (w !== node.size[0] || h !== node.size[1]) node.setSize?.([w, h]);
   node.setDirtyCanvas?.(true, true);
 }
