@@ -182,7 +182,8 @@ def sweep():
         cfg = cfg_of(128, 0.125, variant)
         st, idx, vbias = kt.prepare(q, k, v, cfg)
         out = torch.empty_like(q)
-        for c in ktf._configs(True):
+        for c in ktf._configs(True) + [triton.Config({"BLOCK_N": 128, "BLOCK_V": 64, "USE_TMA": False},
+                                                     num_warps=4, num_stages=3)]:
             conf = dict(BLOCK_N=c.kwargs["BLOCK_N"], BLOCK_V=c.kwargs["BLOCK_V"], USE_TMA=c.kwargs["USE_TMA"],
                         num_warps=c.num_warps, num_stages=c.num_stages)
             try:
@@ -192,6 +193,11 @@ def sweep():
                 print("config failed", conf, type(e).__name__, str(e)[:200])
             rows.append(dict(variant=variant, **conf, ms=t))
             print(rows[-1], flush=True)
+    cfg = cfg_of(128, 0.125, "pwt")
+    st, _, _ = kt.prepare(q, k, v, cfg)
+    rows.append(dict(route_kernel_ms=ms(lambda: kts.route(st, cfg, q.dtype)),
+                     route_torch_ms=ms(lambda: kts.route_torch(st, cfg, q.dtype))))
+    print(rows[-1], flush=True)
     RES["sections"]["sweep"] = {"shape": name(WAN14), "density": 0.125, "rows": rows}
 
 
@@ -423,10 +429,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
     ap.add_argument("--sections", default="check,sweep,density,tokens,flux,reorder,compile,peers,plot")
+    ap.add_argument("--peers-json", default=None, help="take the peers section from an earlier results.json")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     env()
+    if a.peers_json:
+        RES["sections"]["peers"] = json.loads(Path(a.peers_json).read_text())["sections"]["peers"]
+        RES["sections"]["peers"]["from"] = a.peers_json
     secs = a.sections.split(",")
     for s in secs:
         if s == "plot":

@@ -8,6 +8,7 @@ sum with one atomic add per element. Real token counts everywhere; padding never
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -59,13 +60,13 @@ def _block_stats_kernel(
 
 @triton.jit
 def _hsum_kernel(
-    K, V, HSUM,
+    K, V, PERM, HSUM,
     sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
     HC, T, N, G,
-    D: tl.constexpr, BS: tl.constexpr,
+    D: tl.constexpr, BS: tl.constexpr, HAS_PERM: tl.constexpr,
 ):
     """sum_j H_j = sum_j (K_j - kbar_j)^T V_j over G blocks per program (split-K), one atomic add of the
-    [D, D] float32 partial per program. Token order does not matter here, so no permutation."""
+    [D, D] float32 partial per program. The blocks are those of the (permuted) token order."""
     i_g, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh = i_b * HC + i_h
     o_m = tl.arange(0, BS)
@@ -78,9 +79,13 @@ def _hsum_kernel(
     for j in range(j0, j1):
         o_t = j * BS + o_m
         m_t = o_t < T
+        if HAS_PERM:
+            o_r = tl.load(PERM + o_t, mask=m_t, other=0).to(tl.int64)
+        else:
+            o_r = o_t.to(tl.int64)
         cnt = tl.minimum(T - j * BS, BS).to(tl.float32)
-        b_k = tl.load(p_k + o_t[:, None].to(tl.int64) * sk_t + o_d[None, :], mask=m_t[:, None], other=0.0)
-        b_v = tl.load(p_v + o_t[:, None].to(tl.int64) * sv_t + o_d[None, :], mask=m_t[:, None], other=0.0)
+        b_k = tl.load(p_k + o_r[:, None] * sk_t + o_d[None, :], mask=m_t[:, None], other=0.0)
+        b_v = tl.load(p_v + o_r[:, None] * sv_t + o_d[None, :], mask=m_t[:, None], other=0.0)
         b_kf = b_k.to(tl.float32)
         b_kc = tl.where(m_t[:, None], b_kf - (tl.sum(b_kf, axis=0) / cnt)[None, :], 0.0)
         b_h += tl.dot(tl.trans(b_kc.to(b_v.dtype)), b_v)  # [D, BS] x [BS, D]
@@ -110,10 +115,84 @@ def _hnorm_kernel(
     b_kf = b_k.to(tl.float32)
     b_kc = tl.where(m_t[:, None], b_kf - (tl.sum(b_kf, axis=0) / cnt)[None, :], 0.0)
     b_v = tl.load(V + i_b * sv_b + i_h * sv_h + o_r[:, None] * sv_t + o_d[None, :], mask=m_t[:, None], other=0.0)
-    b_hj = tl.dot(tl.trans(b_kc.to(b_v.dtype)), b_v)  # [D, D]
+    b_hj = tl.dot(tl.trans(b_kc), b_v.to(tl.float32), input_precision="ieee")  # [D, D], full float32
     b_hbar = tl.load(HBAR32 + i_bh * D * D + o_d[:, None] * D + o_d[None, :])
     b_diff = b_hj - b_hbar
     tl.store(HNORM + i_bh * N + j, tl.sqrt(tl.sum(tl.sum(b_diff * b_diff, axis=1), axis=0)))
+
+
+@triton.jit
+def _route_kernel(
+    QBAR, KBAR, Q2, KSIG2, HNORM, IDX, VBIAS,
+    N, NSEL, k_budget, band, n_sink, svb_i, scale, half_s2, ln_b,
+    D: tl.constexpr, NP2: tl.constexpr, ROWS: tl.constexpr, DK: tl.constexpr,
+    PWT: tl.constexpr, COV: tl.constexpr,
+):
+    """Routing for ROWS query blocks of one (batch, head), scores never leave registers:
+    score = s qbar.kbar (+ log(hnorm + 1e-6)) (+ min(w, ln Bs)); forced blocks at +inf; the K_i = max(k,
+    #forced) best by a 32-step bit-by-bit search for the K_i-th largest key (ties by lower block id);
+    writes the ascending index list and the bias row (-inf = exact, else the gated w or 0)."""
+    i_r, i_bh = tl.program_id(0), tl.program_id(1)
+    o_i = i_r * ROWS + tl.arange(0, ROWS)
+    m_i = o_i < N
+    o_j = tl.arange(0, NP2)
+    m_j = o_j < N
+    o_k = tl.arange(0, DK)
+    b_s = tl.zeros([ROWS, NP2], dtype=tl.float32)
+    b_w = tl.zeros([ROWS, NP2], dtype=tl.float32)
+    for d0 in range(0, D, DK):  # [ROWS, DK] x [DK, NP2] in full float32
+        p_r = (i_bh * N + o_i)[:, None] * D + d0 + o_k[None, :]
+        p_c = (i_bh * N + o_j)[:, None] * D + d0 + o_k[None, :]
+        b_a = tl.load(QBAR + p_r, mask=m_i[:, None], other=0.0)
+        b_b = tl.load(KBAR + p_c, mask=m_j[:, None], other=0.0)
+        b_s += tl.dot(b_a, tl.trans(b_b), input_precision="ieee")
+        if PWT:
+            b_a = tl.load(Q2 + p_r, mask=m_i[:, None], other=0.0)
+            b_b = tl.load(KSIG2 + p_c, mask=m_j[:, None], other=0.0)
+            b_w += tl.dot(b_a, tl.trans(b_b), input_precision="ieee")
+    b_s = b_s * scale
+    if COV:
+        b_hn = tl.load(HNORM + i_bh * N + o_j, mask=m_j, other=1.0)
+        b_s += tl.log(b_hn + 1e-6)[None, :]
+    if PWT:
+        b_w = b_w * half_s2
+        b_s += tl.minimum(b_w, ln_b)
+    # NaN/inf in the inputs must not break the ranking
+    b_s = tl.where(b_s != b_s, -1e30, b_s)
+    b_s = tl.minimum(tl.maximum(b_s, -1e30), 1e30)
+    d_ij = o_i[:, None] - o_j[None, :]
+    forced = ((d_ij <= band) & (d_ij >= -band)) | (o_j[None, :] < n_sink)
+    forced = forced & m_j[None, :]
+    b_s = tl.where(forced, float("inf"), b_s)
+    b_s = tl.where(m_j[None, :], b_s, float("-inf"))
+    n_forced = tl.sum(forced.to(tl.int32), axis=1)
+    k_i = tl.maximum(n_forced, k_budget)  # [ROWS]
+    # order-preserving unsigned key of a float32
+    b_bits = b_s.to(tl.int32, bitcast=True)
+    b_key = (b_bits ^ ((b_bits >> 31) | (-2147483647 - 1))).to(tl.uint32, bitcast=True)
+    b_key = tl.where(b_bits < 0, (~b_bits).to(tl.uint32, bitcast=True), b_key)
+    # largest t with #(key >= t) >= k_i, built from the top bit down
+    b_t = tl.zeros([ROWS], dtype=tl.uint32)
+    for bit in tl.static_range(31, -1, -1):
+        b_c = b_t | (1 << bit)
+        n_ge = tl.sum((b_key >= b_c[:, None]).to(tl.int32), axis=1)
+        b_t = tl.where(n_ge >= k_i, b_c, b_t)
+    gt = b_key > b_t[:, None]
+    eq = b_key == b_t[:, None]
+    n_gt = tl.sum(gt.to(tl.int32), axis=1)
+    eq_rank = tl.cumsum(eq.to(tl.int32), axis=1)
+    sel = gt | (eq & (eq_rank <= (k_i - n_gt)[:, None]))
+    pos = tl.cumsum(sel.to(tl.int32), axis=1) - 1
+    m_ij = m_i[:, None] & m_j[None, :]
+    tl.store(IDX + (i_bh * N + o_i)[:, None].to(tl.int64) * NSEL + pos, o_j[None, :] + 0 * pos,
+             mask=sel & m_ij)
+    if PWT:
+        b_vb = tl.where(b_w > ln_b, 0.0, b_w)
+    else:
+        b_vb = tl.zeros([ROWS, NP2], dtype=tl.float32)
+    b_vb = tl.where(sel, float("-inf"), b_vb)
+    tl.store(VBIAS + (i_bh * N + o_i)[:, None].to(tl.int64) * svb_i + o_j[None, :],
+             b_vb.to(VBIAS.dtype.element_ty), mask=m_ij)
 
 
 @dataclass
@@ -168,8 +247,9 @@ def block_stats(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None,
         # split-K over blocks: ~4 programs per SM, each summing G blocks in registers before one atomic add
         g = max(1, math.ceil(n * B * HC / (4 * _n_sm(dev))))
         _hsum_kernel[(triton.cdiv(n, g), HC, B)](
-            k, v, hsum, k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-            HC, T, n, g, D=D, BS=bs, num_warps=8 if D >= 128 else 4, num_stages=3,
+            k, v, perm if perm is not None else dummy, hsum,
+            k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
+            HC, T, n, g, D=D, BS=bs, HAS_PERM=perm is not None, num_warps=8 if D >= 128 else 4, num_stages=3,
         )
     hbar = hbar_lp = hnorm = None
     if need_h:
@@ -193,7 +273,7 @@ def bias_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 @torch.no_grad()
-def route(st: TritonStats, cfg: SparseConfig, dtype: torch.dtype):
+def route_torch(st: TritonStats, cfg: SparseConfig, dtype: torch.dtype):
     """(idx [B, HC, Nq, K] int32 ascending, -1 padded; vbias [B, HC, Nq, N] view of an N+1 wide buffer).
 
     The same arithmetic as kernels.routing.route (score, cov_bias, PWT rank bonus, forced band and sinks
@@ -232,6 +312,37 @@ def route(st: TritonStats, cfg: SparseConfig, dtype: torch.dtype):
     vbias.scatter_(-1, idx, float("-inf"))
     idx = torch.where(idx < n, idx, -1).to(torch.int32) if kmax != k else idx.to(torch.int32)
     return idx, vbias[..., :n]
+
+
+@functools.lru_cache(maxsize=256)
+def _max_forced(n: int, band: int, n_sink: int) -> int:
+    return int(forced_mask(n, n, band, n_sink, "cpu").sum(-1).max())
+
+
+@torch.no_grad()
+def route(st: TritonStats, cfg: SparseConfig, dtype: torch.dtype):
+    """(idx [B, HC, Nq, K] int32 ascending, -1 padded; vbias [B, HC, Nq, N] float16/32) in one kernel: the
+    [Nq, N] scores stay in registers. Same result as kernels.routing.route up to ties and float32
+    summation order. NP2 (N rounded up to a power of two) is a compile constant: one compile per octave."""
+    B, HC, n, D = st.kbar.shape
+    k = cfg.budget(n)
+    kmax = max(k, _max_forced(n, cfg.band, cfg.n_sink_blocks))
+    idx = torch.full((B, HC, n, kmax), -1, device=st.kbar.device, dtype=torch.int32)
+    vbias = torch.empty(B, HC, n, n, device=st.kbar.device, dtype=bias_dtype(dtype))
+    np2 = max(16, triton.next_power_of_2(n))
+    rows = 16
+    pwt = cfg.variant == "pwt"
+    scale = float(cfg.scale)
+    dummy = st.kbar
+    _route_kernel[(triton.cdiv(n, rows), B * HC)](
+        st.qbar, st.kbar, st.q2 if pwt else dummy, st.ksig2 if pwt else dummy,
+        st.hnorm if cfg.cov_bias else dummy, idx, vbias,
+        n, kmax, k, cfg.band, cfg.n_sink_blocks, vbias.stride(2), scale, 0.5 * scale * scale,
+        math.log(cfg.block_size),
+        D=D, NP2=np2, ROWS=rows, DK=32 if np2 <= 1024 else 16, PWT=pwt, COV=bool(cfg.cov_bias),
+        num_warps=4 if np2 <= 512 else 8,
+    )
+    return idx, vbias
 
 
 def vbias_from_routing(routing, dtype: torch.dtype) -> torch.Tensor:
