@@ -428,3 +428,26 @@ def test_probe_report_image_shown_large(ui, server):
     _shot(page, "probe_report", node_screen_box(page, node_id, [-8, -40, size[0] + 16, size[1] + 48]))
     assert console.ours(since=mark) == []
     assert _console_errors(console, server) == []
+
+
+def test_vue_nodes_mode_leaves_a_plain_working_node(ui, server):
+    """The frontend's Vue node renderer does not draw canvas widgets: the node must stay plain and quiet."""
+    page, console = ui
+    setting = "Comfy.VueNodes.Enabled"
+    if not page.evaluate("() => typeof app.extensionManager?.setting?.set === 'function'"):
+        pytest.skip("this frontend has no settings API")
+    mark = len(console.messages)
+    node_id = _place_our_node(page, "new-node")
+    page.evaluate(f"async () => {{ await app.extensionManager.setting.set('{setting}', true); }}")
+    try:
+        page.wait_for_timeout(1500)
+        redraw(page)
+        _shot(page, "vue_nodes_mode")
+        # the knobs still work through the Vue widgets' model: the serialised values follow a change
+        page.evaluate("(id) => { app.graph.getNodeById(id).widgets.find((x) => x.name === 'density').value = 0.25; }", node_id)
+        saved = page.evaluate("(id) => app.graph.getNodeById(id).serialize().widgets_values", node_id)
+        assert len(saved) == 12 and saved[1] == 0.25
+        assert console.ours(since=mark) == []
+        assert _console_errors(console, server) == []
+    finally:
+        page.evaluate(f"async () => {{ await app.extensionManager.setting.set('{setting}', false); }}")
