@@ -9,6 +9,7 @@ sum with one atomic add per element. Real token counts everywhere; padding never
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from dataclasses import dataclass
 
@@ -16,7 +17,14 @@ import torch
 import triton
 import triton.language as tl
 
+try:
+    from triton.runtime.errors import OutOfResources
+except ImportError:  # older Triton
+    from triton.runtime.autotuner import OutOfResources
+
 from ..config import SparseConfig
+
+log = logging.getLogger("piecewise_sparse_attention")
 from ..routing import forced_mask
 
 
@@ -140,13 +148,17 @@ def _route_kernel(
     o_k = tl.arange(0, DK)
     b_s = tl.zeros([ROWS, NP2], dtype=tl.float32)
     b_w = tl.zeros([ROWS, NP2], dtype=tl.float32)
-    for d0 in range(0, D, DK):  # [ROWS, DK] x [DK, NP2] in full float32
+    # [ROWS, DK] x [DK, NP2] in full float32, one operand tile in shared memory at a time
+    for d0 in range(0, D, DK):
         p_r = (i_bh * N + o_i)[:, None] * D + d0 + o_k[None, :]
         p_c = (i_bh * N + o_j)[:, None] * D + d0 + o_k[None, :]
         b_a = tl.load(QBAR + p_r, mask=m_i[:, None], other=0.0)
         b_b = tl.load(KBAR + p_c, mask=m_j[:, None], other=0.0)
         b_s += tl.dot(b_a, tl.trans(b_b), input_precision="ieee")
-        if PWT:
+    if PWT:
+        for d0 in range(0, D, DK):
+            p_r = (i_bh * N + o_i)[:, None] * D + d0 + o_k[None, :]
+            p_c = (i_bh * N + o_j)[:, None] * D + d0 + o_k[None, :]
             b_a = tl.load(Q2 + p_r, mask=m_i[:, None], other=0.0)
             b_b = tl.load(KSIG2 + p_c, mask=m_j[:, None], other=0.0)
             b_w += tl.dot(b_a, tl.trans(b_b), input_precision="ieee")
@@ -325,24 +337,43 @@ def route(st: TritonStats, cfg: SparseConfig, dtype: torch.dtype):
     [Nq, N] scores stay in registers. Same result as kernels.routing.route up to ties and float32
     summation order. NP2 (N rounded up to a power of two) is a compile constant: one compile per octave."""
     B, HC, n, D = st.kbar.shape
+    np2 = max(16, triton.next_power_of_2(n))
+    if np2 > _ROUTE_KERNEL_MAX_N or _route_failed:
+        return route_torch(st, cfg, dtype)
     k = cfg.budget(n)
     kmax = max(k, _max_forced(n, cfg.band, cfg.n_sink_blocks))
     idx = torch.full((B, HC, n, kmax), -1, device=st.kbar.device, dtype=torch.int32)
     vbias = torch.empty(B, HC, n, n, device=st.kbar.device, dtype=bias_dtype(dtype))
-    np2 = max(16, triton.next_power_of_2(n))
     rows = 16
     pwt = cfg.variant == "pwt"
     scale = float(cfg.scale)
     dummy = st.kbar
-    _route_kernel[(triton.cdiv(n, rows), B * HC)](
-        st.qbar, st.kbar, st.q2 if pwt else dummy, st.ksig2 if pwt else dummy,
-        st.hnorm if cfg.cov_bias else dummy, idx, vbias,
-        n, kmax, k, cfg.band, cfg.n_sink_blocks, vbias.stride(2), scale, 0.5 * scale * scale,
-        math.log(cfg.block_size),
-        D=D, NP2=np2, ROWS=rows, DK=32 if np2 <= 1024 else 16, PWT=pwt, COV=bool(cfg.cov_bias),
-        num_warps=4 if np2 <= 512 else 8,
-    )
+    try:
+        _route_kernel[(triton.cdiv(n, rows), B * HC)](
+            st.qbar, st.kbar, st.q2 if pwt else dummy, st.ksig2 if pwt else dummy,
+            st.hnorm if cfg.cov_bias else dummy, idx, vbias,
+            n, kmax, k, cfg.band, cfg.n_sink_blocks, vbias.stride(2), scale, 0.5 * scale * scale,
+            math.log(cfg.block_size),
+            # [NP2, DK] float32 operand tiles, single-buffered: 32 KiB at N=512, 64 KiB at N=1024
+            D=D, NP2=np2, ROWS=rows, DK=32 if np2 <= 256 else 16, PWT=pwt, COV=bool(cfg.cov_bias),
+            num_warps=4 if np2 <= 512 else 8, num_stages=1,
+        )
+    except OutOfResources as e:
+        _set_route_failed(e)
+        return route_torch(st, cfg, dtype)
     return idx, vbias
+
+
+# above this many KV blocks (T > 65536 at Bs 64) the [16, NP2] score rows would spill: torch routing
+_ROUTE_KERNEL_MAX_N = 1024
+_route_failed = False
+
+
+def _set_route_failed(e):
+    global _route_failed
+    _route_failed = True
+    log.warning("piecewise_sparse_attention: triton routing kernel out of resources (%s); routing with "
+                "torch.topk from now on", str(e)[:160])
 
 
 def vbias_from_routing(routing, dtype: torch.dtype) -> torch.Tensor:
