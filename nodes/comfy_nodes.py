@@ -100,8 +100,13 @@ class PiecewiseSparseAttention(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, sink_blocks="auto", dense_blocks="0,-1", start_percent=0.0, end_percent=1.0,
-                        **kwargs):
+    def validate_inputs(cls, variant, sink_blocks, start_percent, end_percent, dense_blocks, reorder, backend):
+        # no **kwargs: ComfyUI then still checks the other inputs' ranges itself; the inputs named here are
+        # checked here (ComfyUI skips its own checks for them, and 0.3.x never checks a V3 combo's options)
+        for name, value, options in (("variant", variant, policy.VARIANTS), ("reorder", reorder, policy.REORDERS),
+                                     ("backend", backend, policy.BACKENDS)):
+            if isinstance(value, str) and value not in options:
+                return f"{name} must be one of {', '.join(options)}, got {value!r}"
         try:
             if isinstance(sink_blocks, str):
                 policy.parse_sink_blocks(sink_blocks)
@@ -109,7 +114,10 @@ class PiecewiseSparseAttention(io.ComfyNode):
                 policy.parse_dense_blocks(dense_blocks)
         except ValueError as e:
             return str(e)
-        if isinstance(start_percent, float) and isinstance(end_percent, float) and start_percent > end_percent:
+        nums = [x for x in (start_percent, end_percent) if isinstance(x, (int, float)) and not isinstance(x, bool)]
+        if any(not 0.0 <= x <= 1.0 for x in nums):
+            return f"start_percent and end_percent must be within 0..1, got {start_percent}, {end_percent}"
+        if len(nums) == 2 and start_percent > end_percent:
             return f"start_percent ({start_percent}) must not be after end_percent ({end_percent})"
         return True
 

@@ -35,6 +35,15 @@ SKIP_REASON = ("ComfyUI NOT FOUND: set COMFYUI_PATH or put a checkout at ~/comfy
                "(bash .ci/comfy_setup.sh); the real-ComfyUI tests are SKIPPED")
 
 
+def skip_without_comfyui() -> None:
+    """Module-level skip of a ComfyUI test module, raised here so that pytest -ra folds every module's skip
+    into one line."""
+    if comfyui_path() is None:
+        import pytest
+
+        pytest.skip(SKIP_REASON, allow_module_level=True)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

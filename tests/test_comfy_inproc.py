@@ -8,12 +8,11 @@ import logging
 
 import pytest
 
-from comfy_server import SKIP_REASON, comfyui_path
+from comfy_server import skip_without_comfyui
 
 pytestmark = pytest.mark.comfy
 
-if comfyui_path() is None:
-    pytest.skip(SKIP_REASON, allow_module_level=True)
+skip_without_comfyui()
 
 import torch  # noqa: E402
 

@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from comfy_server import PACK_DIR_NAME, SKIP_REASON, comfy_server, comfyui_path, http_json, post_json, wait_history
+from comfy_server import PACK_DIR_NAME, comfy_server, http_json, post_json, skip_without_comfyui, wait_history
 
 pytestmark = pytest.mark.comfy
 
-if comfyui_path() is None:
-    pytest.skip(SKIP_REASON, allow_module_level=True)
+skip_without_comfyui()
 
 import torch  # noqa: E402
 
@@ -179,6 +178,21 @@ def _latest_latent(base) -> torch.Tensor:
     files = sorted((base.tmp / "output").rglob("psa_tiny*.latent"), key=lambda p: p.stat().st_mtime)
     assert files, "SaveLatent wrote nothing"
     return safetensors.torch.load_file(str(files[-1]))["latent_tensor"]
+
+
+@pytest.mark.parametrize("bad,kind", [
+    ({"dense_blocks": "0,x"}, "custom_validation_failed"), ({"sink_blocks": "-2"}, "custom_validation_failed"),
+    ({"start_percent": 0.8, "end_percent": 0.2}, "custom_validation_failed"),
+    ({"end_percent": 1.5}, "custom_validation_failed"),
+    ({"density": 5.0}, "value_bigger_than_max"), ({"band": -1}, "value_smaller_than_min"),
+    ({"variant": "fast"}, "custom_validation_failed"), ({"backend": "cuda"}, "custom_validation_failed"),
+    ({"reorder": "hilbert"}, "custom_validation_failed"),
+])
+def test_bad_values_are_rejected_before_running(server, bad, kind):
+    status, body = post_json(server[0] + "/prompt", {"prompt": _wan_prompt(_node(**bad))})
+    assert status == 400, body
+    errors = [e for n in body["node_errors"].values() for e in n["errors"]]
+    assert any(e["type"] == kind for e in errors), errors
 
 
 def test_tiny_wan_runs_sparse_exactly_on_the_expected_calls(server):
