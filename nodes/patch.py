@@ -111,10 +111,35 @@ class ForwardInfo:
     grid: tuple[int, ...] | None  # token grid after the prefix
     n_prefix: int
     reason: str | None = None  # the whole forward stays dense (with this reason)
+    sigma: float | None = None  # read once per forward: on a GPU each read of a tensor is a device sync
+    step: tuple[int, int] | None = None
+    timing_known: bool = False
 
     @property
     def n_tokens(self) -> int | None:
         return None if self.grid is None else self.n_prefix + math.prod(self.grid)
+
+
+_SCHEDULES: dict[tuple, list[float]] = {}
+
+
+def sigma_and_step(to: dict) -> tuple[float | None, tuple[int, int] | None]:
+    """The current sigma and (step, n_steps) from transformer_options; the schedule is read from the device
+    once per run (cached by tensor identity), not once per attention call."""
+    sig_t = to.get("sigmas")
+    if not isinstance(sig_t, torch.Tensor) or not sig_t.numel():
+        return None, None
+    sigma = float(sig_t.flatten()[0])
+    sched = to.get("sample_sigmas")
+    if isinstance(sched, torch.Tensor):
+        key = (id(sched), sched.data_ptr(), sched.numel())
+        values = _SCHEDULES.get(key)
+        if values is None:
+            if len(_SCHEDULES) > 64:
+                _SCHEDULES.clear()
+            values = _SCHEDULES[key] = [float(x) for x in sched.detach().float().cpu().tolist()]
+        sched = values
+    return sigma, policy.step_of(sigma, sched)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -280,11 +305,7 @@ class SparseAttentionOverride:
             fwd_reason = None  # newer ComfyUI tells the blocks apart
         n_expected = None if grid is None else n_prefix + math.prod(grid)
 
-        sigma = None
-        sig_t = to.get("sigmas")
-        if isinstance(sig_t, torch.Tensor) and sig_t.numel():
-            sigma = float(sig_t.flatten()[0])
-        step = policy.step_of(sigma, to.get("sample_sigmas")) if sigma is not None else None
+        sigma, step = (info.sigma, info.step) if info is not None and info.timing_known else sigma_and_step(to)
 
         call = policy.Call(q_len=int(q_len), k_len=int(k_len), head_dim=int(head_dim), dtype=str(q.dtype),
                            has_mask=bound.get("mask") is not None, n_tokens_expected=n_expected, block=block,
@@ -417,6 +438,8 @@ class ForwardWrapper:
             return executor(*args, **kwargs)
         ensure_installed(to, self.override)
         info = forward_info(self.override.family, getattr(executor, "class_obj", None), args, kwargs)
+        sigma, step = sigma_and_step(to)
+        info = replace(info, sigma=sigma, step=step, timing_known=True)
         x = args[0] if args else kwargs.get("x")
         device = str(x.device) if isinstance(x, torch.Tensor) else "?"
         st = run_state(self.override.uid)

@@ -217,3 +217,12 @@ def test_forward_info_reads_the_latent():
         patch_size = 2
     f = patch.forward_info("flux", Flux(), (torch.zeros(1, 16, 128, 128), None, torch.zeros(1, 512, 4096)), {})
     assert f.grid == (64, 64) and f.n_prefix == 512 and f.n_tokens == 4608
+
+
+def test_schedule_is_read_once_per_run_not_per_call():
+    sched = torch.tensor([1.0, 0.5, 0.25, 0.0])
+    to = {"sigmas": torch.tensor([0.25]), "sample_sigmas": sched}
+    assert patch.sigma_and_step(to) == (0.25, (2, 3))
+    key = (id(sched), sched.data_ptr(), sched.numel())
+    assert patch._SCHEDULES[key] == [1.0, 0.5, 0.25, 0.0]
+    assert patch.sigma_and_step({"sample_sigmas": sched}) == (None, None)
