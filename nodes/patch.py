@@ -313,7 +313,8 @@ class SparseAttentionOverride:
                            n_steps=None if step is None else step[1], sigma=sigma,
                            sigma_window=st.sigma_window, forward_reason=fwd_reason)
         reason = policy.call_reason(self.knobs, call)
-        st.tally.add(reason)
+        if reason is not None:
+            st.tally.add(reason)
         if reason is not None and not policy.is_routine(reason):
             log_once(f"reason:{self.family}:{reason}", "piecewise sparse attention (%s): dense because %s",
                      self.family, reason)
@@ -337,10 +338,12 @@ class SparseAttentionOverride:
                 cov_bias=kn.cov_bias, block_size=kn.block_size, reorder=kn.reorder,
                 grid=grid if kn.reorder == "morton" else None, n_prefix=n_prefix, backend=kn.backend)
         except Exception:
+            st.tally.add("operator failed, ran dense")
             if log_once("kernel-failure", "piecewise sparse attention: the operator failed; this call and "
                         "later failures run dense (traceback below, logged once)", level=logging.ERROR):
                 log.exception("piecewise sparse attention: operator traceback")
             return self._next(func, args, kwargs)
+        st.tally.add(None)
 
         if self.probe_id is not None:
             self._probe(func, args, kwargs, qh, kh, vh, out, call, sinks, n_prefix, grid, skip_output_reshape)

@@ -160,6 +160,8 @@ def test_operator_failure_falls_back_to_dense(monkeypatch, caplog):
     out = ov(func, q, k, v, heads=2, transformer_options=_opts(block_index=1, grid_sizes=(3, 8, 16)))
     assert len(func.calls) == 1 and torch.isfinite(out).all()
     assert "kernel exploded" in caplog.text
+    assert patch.run_state(ov.uid).tally.dense == {"operator failed, ran dense": 1}
+    assert patch.run_state(ov.uid).tally.sparse == 0
 
 
 def test_override_survives_deepcopy_and_pickle_with_its_identity():
