@@ -179,7 +179,7 @@ def _tma_ok(device) -> bool:
                 q = torch.randn(1, 1, 100, 64, device=device, dtype=torch.bfloat16)
                 idx = torch.tensor([[[[0, -1]], [[0, 1]]]], device=device, dtype=torch.int32)
                 st = SimpleNamespace(kbar_lp=None, vmean_lp=None, hbar_lp=None)
-                cfg = SimpleNamespace(block_size=64, variant="drop", scale=0.125)
+                cfg = SimpleNamespace(block_size=64, variant="drop", scale=0.125, budget=lambda n: n)
                 o1 = attention(q, q, q, torch.empty_like(q), st, idx, None, cfg,
                                config=dict(BLOCK_N=64, BLOCK_V=64, USE_TMA=True, num_warps=4, num_stages=2))
                 o2 = attention(q, q, q, torch.empty_like(q), st, idx, None, cfg,
@@ -204,8 +204,9 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, perm=None, config: dict | No
     n = -(-T // bs)
     K = idx.shape[-1]
     approx = cfg.variant in ("pisa", "pwt")
-    # density 1 (every block exact in every row) needs no virtual-token scan at all
-    n_virt = n if (approx and K < n) else 0
+    # density 1 (budget k = N: every block exact in every row) needs no virtual-token scan at all; K == N
+    # alone is not enough (K is the widest row: a row with many forced blocks can widen it)
+    n_virt = n if (approx and cfg.budget(n) < n) else 0
     if approx:
         assert vbias.stride(0) == HC * vbias.stride(1) and vbias.stride(-1) == 1
     want_tma = config["USE_TMA"] if config is not None else (perm is None and _tma_ok(q.device))

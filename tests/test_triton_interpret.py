@@ -1,0 +1,91 @@
+"""The Triton kernels on CPU under TRITON_INTERPRET=1 (tiny sizes), against the float64 reference.
+
+All cases run once, in a subprocess (tests/triton_interp_cases.py): TRITON_INTERPRET must be set before
+Triton is imported, and must not leak into the other test files of this session. float32 inputs: the
+interpreter computes in numpy float32, so the kernels must match the float64 oracle to float32 rounding.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+HERE = Path(__file__).resolve().parent
+TOL32 = 1e-5  # float32 arithmetic against the float64 oracle (observed ~3e-7)
+
+
+@pytest.fixture(scope="module")
+def res():
+    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    p = subprocess.run([sys.executable, str(HERE / "triton_interp_cases.py")], capture_output=True, text=True,
+                       env=env, timeout=900, cwd=str(HERE.parent))
+    line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULTS_JSON ")]
+    assert p.returncode == 0 and line, f"driver failed (rc {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    return json.loads(line[0][len("RESULTS_JSON "):])
+
+
+def get(res, name):
+    r = res[name]
+    assert "error" not in r, r.get("error")
+    return r
+
+
+@pytest.mark.parametrize("name", [
+    "fp32_T200_D64_pwt", "fp32_T200_D64_pisa", "fp32_T200_D64_drop", "fp32_B2_T130_D128_pwt_sinks_band",
+    "fp32_T200_D64_pisa_cov_bias", "fp32_T40_shorter_than_a_block"])
+def test_kernel_equals_float64_reference_under_identical_routing(res, name):
+    r = get(res, name)
+    assert r["finite"] and r["shape_ok"] and r["dtype_ok"]
+    assert r["rel"] <= TOL32
+
+
+def test_other_tile_paths_blockn128_and_tma_equal_reference(res):
+    r = get(res, "fp32_tiles_blockn128_and_tma")
+    assert r["rel_blockn128"] <= TOL32 and r["rel_tma"] <= TOL32
+
+
+def test_fp16_inputs_within_twice_torchs_own_fp16_error(res):
+    r = get(res, "fp16_T200_D64_pwt")
+    assert r["finite"] and r["dtype_ok"]
+    assert r["rel"] <= 2 * r["torch_fp16_rel"] + 1e-4
+
+
+def test_pwt_pisa_drop_equal_dense_attention_at_density_one(res):
+    for variant, err in get(res, "density_one_equals_sdpa").items():
+        assert err <= TOL32, variant
+
+
+def test_own_statistics_and_routing_equal_kernels_routing(res):
+    for variant, d in get(res, "own_routing_and_stats_equal_kernels_routing").items():
+        assert d["idx_equal_lead"] and d["idx_equal_torch"] and d["exact_equal_lead"], variant
+        assert d["w_maxdiff"] <= 1e-5, variant
+        for key in ("kbar", "qbar", "vmean", "ksig2", "q2"):
+            if key in d:
+                assert d[key] <= 1e-5, (variant, key, d[key])
+        assert d["hbar_rel"] <= 1e-5, variant
+        if "hnorm_rel" in d:
+            assert d["hnorm_rel"] <= 1e-5, variant
+
+
+def test_morton_gather_scatter_and_fused_reorder(res):
+    r = get(res, "morton_gather_scatter_and_fused_reorder")
+    assert r["gather_equals_apply_reorder"] and r["scatter_undoes_gather"]
+    assert r["fused_vs_separate_maxdiff"] <= 1e-5
+
+
+def test_custom_op_schema_and_fake_tensor(res):
+    r = get(res, "custom_op_opcheck")
+    assert all(v == "SUCCESS" for v in r.values()), r
+
+
+def test_unavailable_reasons_are_data(res):
+    r = get(res, "unavailable_reasons")
+    assert r["available"] and r["fwd_interpret"]
+    assert r["head_dim_80"] == "head_dim 80 unsupported by triton (64 or 128)"
+    assert "float64" in r["float64"]
+    assert "block_size 32" in r["block_size_32"]
+    assert r["ok"] is None

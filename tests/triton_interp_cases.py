@@ -1,0 +1,183 @@
+"""Checks of the Triton backend under TRITON_INTERPRET=1 on CPU, at tiny sizes; prints one JSON object.
+
+Run by tests/test_triton_interpret.py in a subprocess, because TRITON_INTERPRET must be set before Triton is
+imported and must not leak into other test files. Every case compares against the float64 PyTorch
+reference (kernels/reference.py) under identical routing, or against the lead's routing/statistics.
+"""
+import json
+import math
+import os
+import sys
+import traceback
+
+os.environ["TRITON_INTERPRET"] = "1"
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from kernels import reference  # noqa: E402
+from kernels import triton as kt  # noqa: E402
+from kernels.config import SparseConfig  # noqa: E402
+from kernels.reorder import apply_reorder, orders_on  # noqa: E402
+from kernels.routing import BlockStats, block_stats, route  # noqa: E402
+from kernels.triton import fwd, stats  # noqa: E402
+
+RES = {}
+
+
+def rnd(*shape, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def cfg_of(D, density, variant, band=1, sinks=0, cov=False):
+    return SparseConfig(density=density, variant=variant, band=band, n_sink_blocks=sinks, cov_bias=cov,
+                        scale=D ** -0.5)
+
+
+def case(name):
+    def deco(fn):
+        try:
+            RES[name] = fn()
+        except Exception:
+            RES[name] = {"error": traceback.format_exc()}
+        return fn
+    return deco
+
+
+def same_routing(q, k, v, cfg, config=None):
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    st = block_stats(q64, k64, v64, cfg.block_size, need_hnorm=cfg.cov_bias)
+    r = route(st, cfg)
+    ref = reference.forward(q64, k64, v64, cfg, routing=r, stats=st)
+    out = kt.forward_with_routing(q, k, v, cfg, r, config=config)
+    return {"rel": rel(out, ref), "finite": bool(torch.isfinite(out).all()), "shape_ok": out.shape == q.shape,
+            "dtype_ok": out.dtype == q.dtype}
+
+
+for variant in ("pwt", "pisa", "drop"):
+    @case(f"fp32_T200_D64_{variant}")
+    def _(variant=variant):
+        q, k, v = (rnd(1, 2, 200, 64, seed=s) for s in range(3))
+        return same_routing(q, k, v, cfg_of(64, 0.3, variant, band=0))
+
+
+@case("fp32_B2_T130_D128_pwt_sinks_band")
+def _():
+    q, k, v = (rnd(2, 1, 130, 128, seed=10 + s) for s in range(3))
+    return same_routing(q, k, v, cfg_of(128, 0.3, "pwt", band=1, sinks=1))
+
+
+@case("fp32_T200_D64_pisa_cov_bias")
+def _():
+    q, k, v = (rnd(1, 1, 200, 64, seed=20 + s) for s in range(3))
+    return same_routing(q, k, v, cfg_of(64, 0.3, "pisa", band=0, cov=True))
+
+
+@case("fp32_T40_shorter_than_a_block")
+def _():
+    q, k, v = (rnd(1, 2, 40, 64, seed=30 + s) for s in range(3))
+    return same_routing(q, k, v, cfg_of(64, 0.5, "pwt"))
+
+
+@case("fp32_tiles_blockn128_and_tma")
+def _():
+    q, k, v = (rnd(1, 1, 300, 64, seed=40 + s) for s in range(3))
+    cfg = cfg_of(64, 0.4, "pwt", band=0)
+    a = same_routing(q, k, v, cfg, config=dict(BLOCK_N=128, BLOCK_V=64, USE_TMA=False, num_warps=4, num_stages=1))
+    b = same_routing(q, k, v, cfg, config=dict(BLOCK_N=64, BLOCK_V=64, USE_TMA=True, num_warps=4, num_stages=1))
+    return {"rel_blockn128": a["rel"], "rel_tma": b["rel"]}
+
+
+@case("fp16_T200_D64_pwt")
+def _():
+    q, k, v = (rnd(1, 1, 200, 64, seed=50 + s, dtype=torch.float16) for s in range(3))
+    cfg = cfg_of(64, 0.3, "pwt", band=0)
+    r0 = same_routing(q, k, v, cfg)
+    # PyTorch's own float16 error on the same problem, for an honest tolerance
+    st = block_stats(q.double(), k.double(), v.double(), 64)
+    r = route(st, cfg)
+    ref = reference.forward(q.double(), k.double(), v.double(), cfg, routing=r, stats=st)
+    r0["torch_fp16_rel"] = rel(reference.forward(q.float(), k.float(), v.float(), cfg, routing=r).half(), ref)
+    return r0
+
+
+@case("density_one_equals_sdpa")
+def _():
+    q, k, v = (rnd(1, 2, 130, 64, seed=60 + s) for s in range(3))
+    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double())
+    return {var: rel(kt.forward(q, k, v, cfg_of(64, 1.0, var)), ref) for var in ("pwt", "pisa", "drop")}
+
+
+@case("own_routing_and_stats_equal_kernels_routing")
+def _():
+    out = {}
+    for var, cov, sinks in (("pwt", False, 2), ("pisa", True, 0), ("drop", False, 0)):
+        q, k, v = (rnd(1, 2, 700, 64, seed=70 + s) for s in range(3))
+        cfg = cfg_of(64, 0.2, var, band=1, sinks=sinks, cov=cov)
+        st = stats.block_stats(q, k, v, cfg)
+        idx, vbias = stats.route(st, cfg, q.dtype)
+        idx_t, _ = stats.route_torch(st, cfg, q.dtype)
+        ref_st = block_stats(q, k, v, 64, need_hnorm=cov)
+        lead = route(BlockStats(st.kbar, None, st.ksig2 if st.ksig2 is not None else st.kbar, None, st.qbar,
+                                st.q2 if st.q2 is not None else st.qbar, st.hbar, st.hnorm), cfg)
+        n = ref_st.kbar.shape[-2]
+        d = {"idx_equal_lead": bool(torch.equal(idx, lead.idx)), "idx_equal_torch": bool(torch.equal(idx, idx_t)),
+             "exact_equal_lead": bool(torch.equal(vbias == float("-inf"), lead.exact)),
+             "w_maxdiff": float((vbias.masked_fill(lead.exact, 0) - lead.w.masked_fill(lead.exact, 0)).abs().max()),
+             "kbar": float((st.kbar - ref_st.kbar).abs().max()), "qbar": float((st.qbar - ref_st.qbar).abs().max()),
+             "vmean": float((st.vmean_lp - ref_st.vsum / ref_st.counts[:, None]).abs().max()),
+             "hbar_rel": rel(st.hbar, ref_st.hbar) if st.hbar is not None else 0.0}
+        if var == "pwt":
+            d["ksig2"] = float((st.ksig2 - ref_st.ksig2).abs().max())
+            d["q2"] = float((st.q2 - ref_st.q2).abs().max())
+        if cov:
+            d["hnorm_rel"] = rel(st.hnorm, ref_st.hnorm)
+        out[var] = d
+        del n
+    return out
+
+
+@case("morton_gather_scatter_and_fused_reorder")
+def _():
+    grid, npre = (3, 8, 8), 5
+    T = npre + math.prod(grid)
+    q, k, v = (rnd(1, 2, T, 64, seed=80 + s) for s in range(3))
+    perm, inv = orders_on(grid, "cpu")
+    g = kt.gather_tokens(q, perm, npre)
+    out = {"gather_equals_apply_reorder": bool(torch.equal(g, apply_reorder(q, perm, npre))),
+           "scatter_undoes_gather": bool(torch.equal(kt.scatter_tokens(g, perm, npre), q))}
+    cfg = cfg_of(64, 0.4, "pwt", band=0)
+    fused = kt.forward(q, k, v, cfg, perm=perm, n_prefix=npre)
+    sep = kt.gather_tokens(kt.forward(*(kt.gather_tokens(x, perm, npre) for x in (q, k, v)), cfg), inv, npre)
+    out["fused_vs_separate_maxdiff"] = float((fused - sep).abs().max())
+    return out
+
+
+@case("custom_op_opcheck")
+def _():
+    q, k, v = (rnd(1, 1, 64, 64, seed=90 + s) for s in range(3))
+    args = (q, k, v, 0.5, "pwt", 1, 0, False, 64, 0.125, None, 0)
+    res = torch.library.opcheck(torch.ops.psa.triton_fwd.default, args,
+                                test_utils=("test_schema", "test_faketensor"))
+    return {k2: str(v2) for k2, v2 in res.items()}
+
+
+@case("unavailable_reasons")
+def _():
+    cfg = cfg_of(64, 0.2, "pwt")
+    return {"head_dim_80": kt.unavailable_reason(torch.zeros(1, 1, 8, 80), cfg),
+            "float64": kt.unavailable_reason(torch.zeros(1, 1, 8, 64, dtype=torch.float64), cfg),
+            "block_size_32": kt.unavailable_reason(torch.zeros(1, 1, 8, 64),
+                                                   SparseConfig(block_size=32, scale=0.125)),
+            "ok": kt.unavailable_reason(torch.zeros(1, 1, 8, 64), cfg), "available": kt.available(),
+            "fwd_interpret": fwd._INTERPRET}
+
+
+print("RESULTS_JSON " + json.dumps(RES))
