@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import types
 
 import pytest
 
@@ -32,6 +33,8 @@ TXT = 64  # text tokens of the test conditioning
 def _patcher(family: str):
     if family == "flux":
         mc = comfy.supported_models.Flux(dict(FLUX_TINY, image_model="flux"))
+    elif family == "wan_i2v":
+        mc = comfy.supported_models.WAN21_I2V(dict(WAN_TINY, image_model="wan2.1", model_type="i2v", in_dim=36))
     else:
         mc = comfy.supported_models.WAN21_T2V(dict(WAN_TINY, image_model="wan2.1"))
     mb = mc.get_model({}, device=CPU)
@@ -56,7 +59,11 @@ def _sample(model, family: str, steps: int = 3, cfg: float = 1.0, seed: int = 0)
                  {"pooled_output": torch.zeros(1, 768), "guidance": 3.5}]]
         shape = (1, 16, 64, 64)  # 32 x 32 image tokens after the 2x2 patch, + 64 text tokens
     else:
-        cond = [[torch.randn(1, 16, 4096, generator=torch.Generator().manual_seed(1)) * 0.5, {}]]
+        extra = {}
+        if family == "wan_i2v":  # a start image's CLIP vision tokens (257) join the text as a second cross-attention
+            extra["clip_vision_output"] = types.SimpleNamespace(
+                penultimate_hidden_states=torch.randn(1, 257, 1280, generator=torch.Generator().manual_seed(2)))
+        cond = [[torch.randn(1, 16, 4096, generator=torch.Generator().manual_seed(1)) * 0.5, extra]]
         shape = (1, 16, 3, 32, 32)  # 3 x 16 x 16 = 768 video tokens
     noise = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
     neg = [[torch.zeros_like(cond[0][0]), dict(cond[0][1])]]
@@ -141,6 +148,16 @@ def test_wan_cfg_branches_and_cross_attention(wan, decisions):
 
 
 SEEN: dict[str, list] = {}
+
+
+def test_wan_i2v_sparse_on_self_attention_only(decisions):
+    m = patch.apply_piecewise_sparse_attention(_patcher("wan_i2v"), **_knobs())
+    out = _sample(m, "wan_i2v", steps=3)
+    assert torch.isfinite(out).all()
+    rows = decisions()
+    assert {r["k_len"] for r in rows if r["q_len"] != r["k_len"]} == {16, 257}  # text and image cross-attention
+    assert all(not r["sparse"] for r in rows if r["q_len"] != r["k_len"])
+    assert sorted((r["step"], r["block"]) for r in rows if r["sparse"]) == [(1, 1), (1, 2), (2, 1), (2, 2)]
 
 
 class Recorder:
