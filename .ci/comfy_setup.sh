@@ -42,7 +42,7 @@ FRONTEND=$(pin comfyui-frontend-package); FRONTEND=${FRONTEND:-comfyui-frontend-
 DOCS=$(pin comfyui-embedded-docs); DOCS=${DOCS:-comfyui-embedded-docs}
 say "installing the ComfyUI server requirements ($FRONTEND, $DOCS, ...)"
 "$VPY" -m pip install -q aiohttp yarl pyyaml Pillow scipy tqdm psutil alembic SQLAlchemy av torchsde \
-  transformers "pydantic~=2.0" "pydantic-settings~=2.0" requests safetensors einops numpy "$FRONTEND" "$DOCS"
+  transformers spandrel "pydantic~=2.0" "pydantic-settings~=2.0" requests safetensors einops numpy "$FRONTEND" "$DOCS"
 "$VPY" - "$COMFY" <<'PY'
 import sys
 sys.path.insert(0, sys.argv[1])
