@@ -40,6 +40,13 @@ def _module(name: str):
         return None
     try:
         mod = importlib.import_module(_MODULES[name], __package__)
+    except ModuleNotFoundError as e:
+        own = f"{__package__}.{name}"
+        # our own subpackage missing means this version ships no such backend; anything else is a
+        # missing dependency of it
+        _import_errors[name] = ("not part of this version" if e.name == own
+                                else f"{type(e).__name__}: {e}")
+        return None
     except Exception as e:  # keep the reason, report it, never crash the caller
         _import_errors[name] = f"{type(e).__name__}: {e}"
         return None
@@ -54,7 +61,10 @@ def backend_module(name: str):
 def unavailable_reason(name: str, q, cfg) -> str | None:
     mod = _module(name)
     if mod is None:
-        return f"{name} backend failed to import ({_import_errors[name]})"
+        err = _import_errors[name]
+        if err == "not part of this version":
+            return f"{name} backend is not part of this version"
+        return f"{name} backend failed to import ({err})"
     try:
         if not mod.available():
             return mod.unavailable_reason(None, cfg) or f"{name} backend not available"
