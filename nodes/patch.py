@@ -24,6 +24,7 @@ import math
 import os
 import threading
 import uuid
+import weakref
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -120,7 +121,7 @@ class ForwardInfo:
         return None if self.grid is None else self.n_prefix + math.prod(self.grid)
 
 
-_SCHEDULES: dict[tuple, list[float]] = {}
+_SCHEDULES: dict[tuple, tuple[weakref.ref, list[float]]] = {}
 
 
 def sigma_and_step(to: dict) -> tuple[float | None, tuple[int, int] | None]:
@@ -133,12 +134,13 @@ def sigma_and_step(to: dict) -> tuple[float | None, tuple[int, int] | None]:
     sched = to.get("sample_sigmas")
     if isinstance(sched, torch.Tensor):
         key = (id(sched), sched.data_ptr(), sched.numel())
-        values = _SCHEDULES.get(key)
-        if values is None:
+        hit = _SCHEDULES.get(key)
+        # a freed schedule's id and storage can be recycled by the next run's: check it is the same tensor
+        if hit is None or hit[0]() is not sched:
             if len(_SCHEDULES) > 64:
                 _SCHEDULES.clear()
-            values = _SCHEDULES[key] = [float(x) for x in sched.detach().float().cpu().tolist()]
-        sched = values
+            hit = _SCHEDULES[key] = (weakref.ref(sched), [float(x) for x in sched.detach().float().cpu().tolist()])
+        sched = hit[1]
     return sigma, policy.step_of(sigma, sched)
 
 

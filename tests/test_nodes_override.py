@@ -226,5 +226,14 @@ def test_schedule_is_read_once_per_run_not_per_call():
     to = {"sigmas": torch.tensor([0.25]), "sample_sigmas": sched}
     assert patch.sigma_and_step(to) == (0.25, (2, 3))
     key = (id(sched), sched.data_ptr(), sched.numel())
-    assert patch._SCHEDULES[key] == [1.0, 0.5, 0.25, 0.0]
+    assert patch._SCHEDULES[key][1] == [1.0, 0.5, 0.25, 0.0]
     assert patch.sigma_and_step({"sample_sigmas": sched}) == (None, None)
+
+
+def test_schedule_cache_is_not_fooled_by_a_recycled_tensor_address():
+    # a later run's schedule can land on the id and storage of a freed one (same step count, other sigmas)
+    for i in range(300):
+        x = 0.3 + i * 0.002
+        sched = torch.tensor([1.0, x, x / 2, 0.0])
+        assert patch.sigma_and_step({"sigmas": torch.tensor([x]), "sample_sigmas": sched})[1] == (1, 3), i
+        del sched
