@@ -6,7 +6,8 @@ override installed before it as `prev`. Per sampling run it reads, for every att
 - the block index: `block_index`/`block_type` in newer ComfyUI, else by counting self-attention calls of
   the current forward (the counter lives in per-run state keyed by CFG branch and device and is reset by
   a DIFFUSION_MODEL wrapper at the start of every forward);
-- the step: the current sigma against `sample_sigmas`;
+- the step: the current sigma against `sample_sigmas` (a pass that starts where the previous one left
+  off with leftover noise continues its step count);
 - the token grid: `grid_sizes` in newer ComfyUI, else the DIFFUSION_MODEL wrapper reads the latent's
   shape (FLUX: text length from the context, image grid from the latent).
 `policy.call_reason` decides; the operator runs with Morton order and the text prefix untouched; every
@@ -139,9 +140,28 @@ def sigma_and_step(to: dict) -> tuple[float | None, tuple[int, int] | None]:
         if hit is None or hit[0]() is not sched:
             if len(_SCHEDULES) > 64:
                 _SCHEDULES.clear()
-            hit = _SCHEDULES[key] = (weakref.ref(sched), [float(x) for x in sched.detach().float().cpu().tolist()])
-        sched = hit[1]
+            values = [float(x) for x in sched.detach().float().cpu().tolist()]
+            hit = _SCHEDULES[key] = (weakref.ref(sched), values, _pass_offset(values))
+        sched, offset = hit[1], hit[2]
+        step = policy.step_of(sigma, sched)
+        return sigma, None if step is None else (step[0] + offset, step[1] + offset)
     return sigma, policy.step_of(sigma, sched)
+
+
+# the last schedule seen: (its last sigma, steps done by its end). A pass that starts where the previous one
+# stopped with leftover noise (two KSamplerAdvanced, Wan2.2 high/low noise models) continues its step count.
+_LAST_PASS: list = [None]
+
+
+def _pass_offset(values: list[float]) -> int:
+    offset = 0
+    last = _LAST_PASS[0]
+    if last is not None and len(values) >= 2 and last[0] > 0.0:
+        if abs(values[0] - last[0]) <= 1e-5 * max(1.0, abs(last[0])):
+            offset = last[1]
+    if len(values) >= 2:
+        _LAST_PASS[0] = (values[-1], offset + len(values) - 1)
+    return offset
 
 
 def _ceil_div(a: int, b: int) -> int:

@@ -246,3 +246,19 @@ def test_probe_records_error_per_block_and_step_and_renders(flux):
     assert img.dim() == 4 and img.shape[0] == 1 and img.shape[-1] == 3 and 0 <= float(img.min()) <= float(img.max()) <= 1
     text = probe_report.summary(rec)
     assert "relative error vs dense attention" in text and "4 sparse" in text
+
+
+def test_two_advanced_sampler_passes_count_steps_across_the_split(wan, decisions):
+    # KSamplerAdvanced x2 (steps 0-2 with leftover noise, then 2-4): dense_steps counts the whole schedule
+    m = patch.apply_piecewise_sparse_attention(wan, **_knobs(dense_steps=2, dense_blocks=()))
+    shape = (1, 16, 3, 32, 32)
+    cond = [[torch.randn(1, 16, 4096, generator=torch.Generator().manual_seed(1)) * 0.5, {}]]
+    neg = [[torch.zeros_like(cond[0][0]), {}]]
+    noise = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    half = comfy.sample.sample(m, noise, 4, 1.0, "euler", "simple", cond, neg, torch.zeros(shape), last_step=2,
+                               seed=0, disable_pbar=True)
+    out = comfy.sample.sample(m, noise, 4, 1.0, "euler", "simple", cond, neg, half, disable_noise=True,
+                              start_step=2, seed=0, disable_pbar=True)
+    assert torch.isfinite(out).all()
+    rows = [r for r in decisions() if r["q_len"] == r["k_len"]]
+    assert sorted({(r["step"], r["sparse"]) for r in rows}) == [(0, False), (1, False), (2, True), (3, True)]
