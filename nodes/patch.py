@@ -91,6 +91,7 @@ class RunState:
 
 _RUNS: dict[str, RunState] = {}
 PROBES: dict[str, ProbeRecord] = {}
+MAX_PROBES = 16  # probe records kept (most recent runs)
 
 
 def run_state(uid: str) -> RunState:
@@ -522,9 +523,11 @@ class PreRunCallback:
             except Exception as e:  # keep sampling; the policy reports the unknown window
                 log_once("sigma-window", "piecewise sparse attention: cannot resolve start/end percent (%s)", e)
         if self.override.probe_id is not None:
-            rec = PROBES.get(self.override.probe_id)
+            rec = PROBES.pop(self.override.probe_id, None)
             runs = rec.runs if rec is not None else 0
             PROBES[self.override.probe_id] = ProbeRecord(runs=runs + 1)
+            while len(PROBES) > MAX_PROBES:  # every prompt's probe node has a fresh id: forget the oldest
+                PROBES.pop(next(iter(PROBES)))
 
 
 class CleanupCallback:

@@ -237,3 +237,15 @@ def test_schedule_cache_is_not_fooled_by_a_recycled_tensor_address():
         sched = torch.tensor([1.0, x, x / 2, 0.0])
         assert patch.sigma_and_step({"sigmas": torch.tensor([x]), "sample_sigmas": sched})[1] == (1, 3), i
         del sched
+
+
+def test_probe_records_do_not_pile_up_over_many_runs():
+    # the probe node runs on every prompt (not idempotent) with a fresh probe id: old records must go
+    ids = []
+    for _ in range(100):
+        ov = patch.SparseAttentionOverride(policy.Knobs(), family="wan", total_blocks=4, probe_id=f"leak-{len(ids)}")
+        ids.append(ov.probe_id)
+        patch.PreRunCallback(ov)()
+        patch.PROBES[ov.probe_id].pattern = torch.zeros(512, 512, dtype=torch.bool)
+    assert len(patch.PROBES) <= patch.MAX_PROBES < 100
+    assert ids[-1] in patch.PROBES  # the last run's record is what the report node reads
