@@ -7,7 +7,7 @@ import torch
 
 from .config import BACKENDS, REORDERS, VARIANTS, SparseConfig
 from .dispatch import backend_module, log_once, select_backend
-from .reorder import orders_on
+from .reorder import _check_grid, orders_on
 
 log = logging.getLogger("piecewise_sparse_attention")
 
@@ -47,9 +47,7 @@ def _validate(q, k, v, density, variant, band, n_sink_blocks, block_size, reorde
     if reorder == "morton":
         if grid is None:
             raise ValueError("reorder='morton' needs grid=(F, H, W) or (H, W) of the tokens after n_prefix")
-        g = tuple(int(x) for x in grid)
-        if len(g) not in (2, 3) or any(x <= 0 for x in g):
-            raise ValueError(f"grid must be 2 or 3 positive sizes, got {grid!r}")
+        g = _check_grid(grid)  # ValueError for anything but 2 or 3 positive sizes
         count = 1
         for x in g:
             count *= x
@@ -98,12 +96,7 @@ def piecewise_sparse_attention(q, k, v, *, density=0.125, variant="pwt", band=1,
     mod = backend_module(name)
     if reorder == "morton":
         perm, inv = orders_on(grid, q.device)
-        gather = getattr(mod, "gather_tokens", None)
-        if gather is not None:
-            q, k, v = (gather(x, perm, n_prefix) for x in (q, k, v))
-        else:
-            from .reorder import apply_reorder
-            q, k, v = (apply_reorder(x, perm, n_prefix) for x in (q, k, v))
+        q, k, v = (_permute(mod, name, x, perm, n_prefix) for x in (q, k, v))
     try:
         out = mod.forward(q, k, v, cfg)
     except Exception:
@@ -115,10 +108,21 @@ def piecewise_sparse_attention(q, k, v, *, density=0.125, variant="pwt", band=1,
         from . import reference
         out = reference.forward(q, k, v, cfg)
     if reorder == "morton":
-        gather = getattr(mod, "gather_tokens", None)
-        if gather is not None:
-            out = gather(out, inv, n_prefix)
-        else:
-            from .reorder import undo_reorder
-            out = undo_reorder(out, inv, n_prefix)
+        out = _permute(mod, name, out, inv, n_prefix)
     return out
+
+
+def _permute(mod, name, x, perm, n_prefix):
+    """x's tokens after the prefix in `perm` order: the backend's own gather when it has one, else (or when
+    that fails at run time, loudly) kernels.reorder."""
+    from .reorder import apply_reorder
+
+    gather = getattr(mod, "gather_tokens", None)
+    if gather is not None:
+        try:
+            return gather(x, perm, n_prefix)
+        except Exception:
+            if log_once(f"gather:{name}", "piecewise_sparse_attention: the %s backend's Morton gather failed; "
+                        "reordering with torch instead (traceback below, logged once)", name, level=logging.ERROR):
+                log.exception("piecewise_sparse_attention: %s gather traceback", name)
+    return apply_reorder(x, perm, n_prefix)

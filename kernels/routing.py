@@ -96,7 +96,9 @@ def pwt_bonus(stats: BlockStats, scale: float, block_size: int):
     """w_ij = 1/2 s^2 sum_d q2_i[d] sigma2_j[d]; gated to 0 above ln Bs; ranking uses min(w, ln Bs)."""
     w = (0.5 * scale * scale) * (stats.q2 @ stats.ksig2.transpose(-1, -2))  # [B, H, Nq, N]
     ln_b = math.log(block_size)
-    w_gated = torch.where(w > ln_b, torch.zeros_like(w), w)
+    # not (w <= ln Bs) also gates a non-finite w (a NaN query token): its block then keeps PISA's logit
+    # instead of turning all of its query rows NaN (dense attention poisons only the NaN row)
+    w_gated = torch.where(w <= ln_b, w, torch.zeros_like(w))
     w_rank = torch.clamp(w, max=ln_b)
     return w_gated, w_rank
 

@@ -89,3 +89,19 @@ def test_unavailable_reasons_are_data(res):
     assert "float64" in r["float64"]
     assert "block_size 32" in r["block_size_32"]
     assert r["ok"] is None
+
+
+def test_one_nan_query_token_poisons_only_its_row(res):
+    for name, d in get(res, "nan_query_token_stays_in_its_row").items():
+        assert d["bad_rows"] == 1 and d["row5_bad"], (name, d)
+
+
+def test_api_morton_with_prefix_batch2_transposed_views_on_triton(res):
+    r = get(res, "api_morton_prefix_batch2_transposed_views")
+    assert r["backend"] == "triton" and r["fell_back"] == [] and r["shape_ok"]
+    assert r["rel"] <= TOL32
+
+
+def test_bfloat16_declined_under_the_interpreter(res):
+    r = get(res, "bfloat16_under_interpreter")
+    assert r["reason"] and "bfloat16" in r["reason"] and r["float16_ok"]

@@ -180,4 +180,45 @@ def _():
             "fwd_interpret": fwd._INTERPRET}
 
 
+@case("nan_query_token_stays_in_its_row")
+def _():
+    # one NaN query token: dense attention poisons only its row; PWT's q^2 block mean must not spread it
+    q, k, v = (rnd(1, 1, 256, 64, seed=100 + s) for s in range(3))
+    q[0, 0, 5, 3] = float("nan")
+    cfg = cfg_of(64, 0.25, "pwt", band=0)
+    st = stats.block_stats(q, k, v, cfg)
+    out = {}
+    for name, (idx, vbias) in (("route_kernel", stats.route(st, cfg, q.dtype)),
+                               ("route_torch", stats.route_torch(st, cfg, q.dtype))):
+        o = torch.empty_like(q)
+        fwd.attention(q, k, v, o, st, idx, vbias.contiguous(), cfg)
+        bad = ~torch.isfinite(o).all(-1)
+        out[name] = {"bad_rows": int(bad.sum()), "row5_bad": bool(bad[0, 0, 5])}
+    return out
+
+
+@case("api_morton_prefix_batch2_transposed_views")
+def _():
+    # the api's gather_tokens hook: B = 2, text prefix, q/k/v as [B, L, H, D] -> [B, H, L, D] views
+    from kernels import dispatch, piecewise_sparse_attention as psa
+    grid, npre = (3, 8, 8), 9
+    T = npre + math.prod(grid)
+    q, k, v = (rnd(2, T, 2, 64, seed=110 + s).transpose(1, 2) for s in range(3))
+    kw = dict(density=0.25, variant="pwt", band=0, reorder="morton", grid=grid, n_prefix=npre)
+    out = psa(q, k, v, backend="triton", **kw)
+    ref = psa(q.double(), k.double(), v.double(), backend="torch", **kw)
+    cfg = cfg_of(64, 0.25, "pwt", band=0)
+    return {"rel": rel(out, ref), "shape_ok": out.shape == q.shape,
+            "backend": dispatch.select_backend(q, cfg, "triton")[0],
+            "fell_back": sorted(x for x in dispatch._logged if x.startswith(("fail:", "gather:")))}
+
+
+@case("bfloat16_under_interpreter")
+def _():
+    # the interpreter's tl.dot is wrong on bfloat16: the backend must decline, not return garbage
+    q = rnd(1, 1, 64, 64, seed=120, dtype=torch.bfloat16)
+    return {"reason": kt.unavailable_reason(q, cfg_of(64, 0.5, "drop")),
+            "float16_ok": kt.unavailable_reason(q.half(), cfg_of(64, 0.5, "drop")) is None}
+
+
 print("RESULTS_JSON " + json.dumps(RES))

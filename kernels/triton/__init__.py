@@ -61,7 +61,10 @@ def unavailable_reason(q, cfg) -> str | None:
             return f"compute capability {major}.{minor} unsupported by triton (needs 8.0+)"
         ok = (torch.bfloat16, torch.float16)
     elif q.device.type == "cpu" and _INTERPRET:
-        ok = (torch.bfloat16, torch.float16, torch.float32)
+        if q.dtype == torch.bfloat16:
+            # the interpreter's tl.dot on bfloat16 operands returns garbage (|error| ~1e10 on randn)
+            return "bfloat16 is wrong under TRITON_INTERPRET=1 (its tl.dot); use float16 or float32 there"
+        ok = (torch.float16, torch.float32)
     else:
         return f"triton backend cannot run on {q.device.type} tensors"
     if q.dtype not in ok:

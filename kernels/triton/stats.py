@@ -199,7 +199,7 @@ def _route_kernel(
     tl.store(IDX + (i_bh * N + o_i)[:, None].to(tl.int64) * NSEL + pos, o_j[None, :] + 0 * pos,
              mask=sel & m_ij)
     if PWT:
-        b_vb = tl.where(b_w > ln_b, 0.0, b_w)
+        b_vb = tl.where(b_w <= ln_b, b_w, 0.0)  # gates a NaN w too, like kernels.routing.pwt_bonus
     else:
         b_vb = tl.zeros([ROWS, NP2], dtype=tl.float32)
     b_vb = tl.where(sel, float("-inf"), b_vb)
@@ -301,7 +301,7 @@ def route_torch(st: TritonStats, cfg: SparseConfig, dtype: torch.dtype):
     if cfg.variant == "pwt":
         ln_b = math.log(cfg.block_size)
         w = torch.matmul(st.q2, st.ksig2.transpose(-1, -2)).mul_(0.5 * scale * scale)
-        gate = w > ln_b  # decided in float32, like the reference
+        gate = ~(w <= ln_b)  # decided in float32, like the reference (a NaN w is gated too)
         score.add_(w.clamp_(max=ln_b))  # ranking bonus min(w, ln Bs)
         vbias[..., :n].copy_(w.masked_fill_(gate, 0.0))  # where not gated, clamped w == w
         del w, gate

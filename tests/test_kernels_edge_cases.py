@@ -1,0 +1,54 @@
+"""Edge cases of the operator found in review: non-finite inputs under PWT, bad grids, fast-backend hooks
+that fail at run time."""
+import logging
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels import dispatch, reference
+from kernels import piecewise_sparse_attention as psa
+
+
+def qkv(B=1, H=2, T=512, D=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(B, H, T, D, generator=g) for _ in range(3))
+
+
+@pytest.mark.parametrize("variant", ["pwt", "pisa", "drop"])
+def test_one_nan_query_token_poisons_only_its_own_row_like_dense(variant):
+    # N = 8 blocks, budget 2: most KV blocks are virtual tokens. Dense attention turns exactly the
+    # poisoned query row non-finite; PWT's q^2 block mean must not spread it to the other 63 rows.
+    q, k, v = qkv()
+    q[0, 0, 5, 3] = float("nan")
+    out = psa(q, k, v, density=0.25, variant=variant, backend="torch")
+    dense = F.scaled_dot_product_attention(q, k, v)
+    bad = ~torch.isfinite(out).all(-1)
+    assert torch.equal(bad, ~torch.isfinite(dense).all(-1))
+    assert bad.sum() == 1 and bad[0, 0, 5]
+
+
+@pytest.mark.parametrize("grid", [16, 4.0, object()])
+def test_non_iterable_grid_is_a_value_error(grid):
+    q, k, v = qkv(T=16)
+    with pytest.raises(ValueError, match="grid"):
+        psa(q, k, v, reorder="morton", grid=grid)
+
+
+def test_failing_gather_hook_of_a_fast_backend_falls_back_to_torch_reorder(monkeypatch, caplog):
+    # a fast backend whose fused Morton gather fails at run time (e.g. a kernel that does not compile on
+    # this GPU) must not break the call: the reorder falls back to kernels.reorder, loudly
+    def gather_tokens(x, perm, n_prefix=0):
+        raise RuntimeError("gather kernel failed to compile")
+
+    fake = types.SimpleNamespace(available=lambda: True, unavailable_reason=lambda q, cfg: None,
+                                 forward=reference.forward, gather_tokens=gather_tokens)
+    monkeypatch.setitem(dispatch._loaded, "triton", fake)
+    grid, n_prefix = (2, 6, 8), 7
+    q, k, v = qkv(B=2, T=n_prefix + 96, seed=1)
+    kw = dict(density=0.5, reorder="morton", grid=grid, n_prefix=n_prefix, block_size=16)
+    with caplog.at_level(logging.INFO, logger="piecewise_sparse_attention"):
+        out = psa(q, k, v, backend="triton", **kw)
+    assert torch.equal(out, psa(q, k, v, backend="torch", **kw))
+    assert any("gather" in r.getMessage() for r in caplog.records)
