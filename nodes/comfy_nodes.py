@@ -63,8 +63,8 @@ class PiecewiseSparseAttention(io.ComfyNode):
                     "block and its 2 neighbours (with Morton order: the surrounding 4x4x4 token cubes). "
                     "0 = none.")),
                 io.String.Input("sink_blocks", default="auto", tooltip=(
-                    "Leading key blocks that are always exact. auto = the text prefix for FLUX (512 text "
-                    "tokens = 8 blocks of 64), none for Wan. Or a number, e.g. 1.")),
+                    "Leading key blocks that are always exact. auto = the text prefix for FLUX (ComfyUI's T5 "
+                    "gives at least 256 text tokens = 4 blocks of 64; long prompts more), none for Wan. Or a number, e.g. 1.")),
                 io.Int.Input("dense_steps", default=-1, min=-1, max=1000, tooltip=(
                     "The first N sampling steps run dense (they set the layout). -1 = auto: the first 20% "
                     "(10 of 50 steps, the paper's protocol; 4 of 20). 0 = sparse from the first step.")),
@@ -90,7 +90,7 @@ class PiecewiseSparseAttention(io.ComfyNode):
                     "Costs one more pass over the keys and values per call."))),
                 _advanced(io.Int.Input("min_tokens", default=4096, min=0, max=10_000_000, step=64, tooltip=(
                     "Attention over fewer tokens stays dense (sparsity does not pay below a few thousand). "
-                    "4096 sparsifies FLUX at 1024x1024 (4096 image + 512 text tokens) and every Wan 480p "
+                    "4096 sparsifies FLUX at 1024x1024 (4096 image + at least 256 text tokens) and every Wan 480p "
                     "video (32760 tokens at 81 frames)."))),
                 _advanced(io.Combo.Input("backend", options=list(policy.BACKENDS), default="auto", tooltip=(
                     "auto: the fastest that can run these inputs (cute on Hopper / SM90, else triton on a CUDA "
