@@ -182,7 +182,7 @@ def _percent_text(f: float) -> str:
 
 
 def _grid_blocks(grid_id: str) -> int:
-    prefix, grid = {"wan480p": (0, (21, 30, 52)), "flux1024": (512, (64, 64))}[grid_id]
+    prefix, grid = {"wan480p": (0, (21, 30, 52)), "flux1024": (256, (64, 64))}[grid_id]
     return -(-prefix // 64) + -(-math.prod(grid) // 64)
 
 
@@ -300,7 +300,7 @@ def test_every_knob_redraws_preview(ui, server):
     redraw(page)
     p = _preview(page, node_id)
     assert p["grid"] == "flux1024" and not p["gridAuto"]
-    assert p["nBlocks"] == 72 and p["nSink"] == 8  # "auto" sinks = the 512 text tokens
+    assert p["nBlocks"] == 68 and p["nSink"] == 4  # "auto" sinks = the 256 text tokens
     _check_printed_numbers(p, p["density"])
     _shot(page, "knobs_flux_grid", _node_box(page, node_id))
     assert page.evaluate(f"(id) => app.graph.getNodeById(id).properties['{GRID_PROP}']", node_id) == "flux1024"

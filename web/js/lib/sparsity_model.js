@@ -6,11 +6,12 @@
 export const BLOCK_SIZE = 64;
 
 // Representative token grids (tokens after patching). Wan2.1 480p 81 frames: 21 x 30 x 52 latent
-// tokens, 30 transformer blocks (1.3B); FLUX 1024^2: 64 x 64 image tokens after 512 T5 text tokens,
+// tokens, 30 transformer blocks (1.3B); FLUX 1024^2: 64 x 64 image tokens after 256 T5 text tokens (ComfyUI pads
+// the FLUX T5 prompt to at least 256),
 // 19 double + 38 single blocks.
 export const GRIDS = {
   wan480p: { id: "wan480p", label: "Wan 480p 81f", grid: [21, 30, 52], prefix: 0, blocks: 30, steps: 50 },
-  flux1024: { id: "flux1024", label: "FLUX 1024²", grid: [64, 64], prefix: 512, blocks: 57, steps: 28 },
+  flux1024: { id: "flux1024", label: "FLUX 1024²", grid: [64, 64], prefix: 256, blocks: 57, steps: 28 },
 };
 
 const mortonCache = new Map();
