@@ -94,6 +94,14 @@ def piecewise_sparse_attention(q, k, v, *, density=0.125, variant="pwt", band=1,
         log_once(f"backend:{backend}:{name}:{reason}", "piecewise_sparse_attention: using the %s backend "
                  "(%s)", name, reason, level=logging.WARNING if backend != "auto" else logging.INFO)
     mod = backend_module(name)
+    if q.is_cuda:
+        # Triton launches on the current CUDA device, not the tensors' one (multi-GPU ComfyUI setups)
+        with torch.cuda.device(q.device):
+            return _run(mod, name, q, k, v, cfg, reorder, grid, n_prefix)
+    return _run(mod, name, q, k, v, cfg, reorder, grid, n_prefix)
+
+
+def _run(mod, name, q, k, v, cfg, reorder, grid, n_prefix):
     if reorder == "morton":
         perm, inv = orders_on(grid, q.device)
         q, k, v = (_permute(mod, name, x, perm, n_prefix) for x in (q, k, v))

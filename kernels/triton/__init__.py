@@ -71,6 +71,9 @@ def unavailable_reason(q, cfg) -> str | None:
         return f"dtype {str(q.dtype).replace('torch.', '')} unsupported by triton (bfloat16 or float16)"
     if q.shape[-1] not in HEAD_DIMS:
         return f"head_dim {q.shape[-1]} unsupported by triton (64 or 128)"
+    if q[:1].numel() >= 2**31:
+        # kernel offsets are 32-bit within one batch element (forward() splits larger batches)
+        return f"one batch element of {q[:1].numel()} elements exceeds the triton kernels' 2^31 offsets"
     return None
 
 
@@ -172,6 +175,10 @@ def forward(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None, n_p
     """
     if _IMPORT_ERROR is not None:
         raise RuntimeError(f"triton backend unavailable: {_IMPORT_ERROR}")
+    if q.numel() >= 2**31 and q.shape[0] > 1:
+        # 32-bit kernel offsets: one launch per batch element (each slice starts at its own base pointer)
+        return torch.cat([forward(q[b:b + 1], k[b:b + 1], v[b:b + 1], cfg, perm=perm, n_prefix=n_prefix)
+                          for b in range(q.shape[0])])
     args = (q, k, v, float(cfg.density), cfg.variant, int(cfg.band), int(cfg.n_sink_blocks),
             bool(cfg.cov_bias), int(cfg.block_size), float(cfg.scale), perm, int(n_prefix))
     with torch.no_grad():
