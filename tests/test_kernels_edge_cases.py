@@ -52,3 +52,16 @@ def test_failing_gather_hook_of_a_fast_backend_falls_back_to_torch_reorder(monke
         out = psa(q, k, v, backend="triton", **kw)
     assert torch.equal(out, psa(q, k, v, backend="torch", **kw))
     assert any("gather" in r.getMessage() for r in caplog.records)
+
+
+def test_tma_is_only_chosen_for_16_byte_aligned_views():
+    fwd = pytest.importorskip("kernels.triton.fwd", reason="triton not installed")
+    x = torch.randn(1, 2, 130, 128, dtype=torch.bfloat16)
+    assert fwd.tma_aligned(x)
+    # the [B, L, H*D] -> [B, H, L, D] view ComfyUI's Wan attention produces is aligned too
+    assert fwd.tma_aligned(torch.randn(1, 130, 2 * 128, dtype=torch.bfloat16).view(1, 130, 2, 128).transpose(1, 2))
+    # a base pointer 2 bytes past an aligned one
+    shifted = x.reshape(-1)[1:].as_strided((1, 2, 129, 128), (2 * 129 * 128, 129 * 128, 128, 1))
+    assert not fwd.tma_aligned(shifted)
+    assert fwd.tma_aligned(torch.randn(1, 2, 130, 136, dtype=torch.bfloat16)[..., :128])  # rows of 272 bytes
+    assert not fwd.tma_aligned(torch.randn(1, 2, 130, 132, dtype=torch.bfloat16)[..., :128])  # rows of 264 bytes

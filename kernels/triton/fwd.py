@@ -166,6 +166,13 @@ def _descs(q, k, v, bs):
     return tuple(TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, bs, D]) for x in (k, v))
 
 
+def tma_aligned(x: torch.Tensor) -> bool:
+    """TMA descriptors need a 16-byte aligned base and 16-byte multiples for every stride but the last
+    (a view that is not would fail at launch, and each call would fall back to the reference)."""
+    es = x.element_size()
+    return x.data_ptr() % 16 == 0 and all((st * es) % 16 == 0 for st in x.stride()[:-1])
+
+
 def _tma_ok(device) -> bool:
     """TMA needs SM90+ and host descriptors; probed once per device on a tiny problem (falls back loudly)."""
     if _INTERPRET or TensorDescriptor is None or device.type != "cuda":
@@ -209,7 +216,8 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, perm=None, config: dict | No
     n_virt = n if (approx and cfg.budget(n) < n) else 0
     if approx:
         assert vbias.stride(0) == HC * vbias.stride(1) and vbias.stride(-1) == 1
-    want_tma = config["USE_TMA"] if config is not None else (perm is None and _tma_ok(q.device))
+    want_tma = config["USE_TMA"] if config is not None else (
+        perm is None and tma_aligned(k) and tma_aligned(v) and _tma_ok(q.device))
     kd, vd = _descs(q, k, v, bs) if want_tma else (k, v)
     dummy = idx
     args = (
