@@ -369,7 +369,12 @@ class SparseAttentionOverride:
         st.tally.add(None)
 
         if self.probe_id is not None:
-            self._probe(func, args, kwargs, qh, kh, vh, out, call, sinks, n_prefix, grid, skip_output_reshape)
+            try:
+                self._probe(func, args, kwargs, qh, kh, vh, out, call, sinks, n_prefix, grid, skip_output_reshape)
+            except Exception:  # the probe only measures: its failure (e.g. out of memory) never breaks sampling
+                if log_once("probe-failure", "piecewise sparse attention: the probe's dense comparison failed; "
+                            "sampling goes on without it (traceback below, logged once)", level=logging.ERROR):
+                    log.exception("piecewise sparse attention: probe traceback")
 
         if skip_output_reshape:
             return out

@@ -249,3 +249,19 @@ def test_probe_records_do_not_pile_up_over_many_runs():
         patch.PROBES[ov.probe_id].pattern = torch.zeros(512, 512, dtype=torch.bool)
     assert len(patch.PROBES) <= patch.MAX_PROBES < 100
     assert ids[-1] in patch.PROBES  # the last run's record is what the report node reads
+
+
+def test_probe_failure_never_breaks_sampling(monkeypatch, caplog):
+    def boom(*a, **k):
+        raise torch.cuda.OutOfMemoryError("probe out of memory")
+    monkeypatch.setattr(patch.SparseAttentionOverride, "_probe", boom)
+    patch._logged.discard("probe-failure")
+    plain = _override()
+    ov = patch.SparseAttentionOverride(plain.knobs, family="wan", total_blocks=4, probe_id="probe-fails")
+    q, k, v = _wan_qkv()
+    opts = _opts(block_index=1, grid_sizes=(3, 8, 16))
+    out = ov(Dense(), q, k, v, heads=2, transformer_options=opts)
+    want = plain(Dense(), q, k, v, heads=2, transformer_options=opts)
+    assert torch.equal(out, want)  # the sparse result, untouched by the failed measurement
+    assert "probe out of memory" in caplog.text
+    assert patch.run_state(ov.uid).tally.sparse == 1
