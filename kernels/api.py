@@ -57,7 +57,7 @@ def _validate(q, k, v, density, variant, band, n_sink_blocks, block_size, reorde
 
 def piecewise_sparse_attention(q, k, v, *, density=0.125, variant="pwt", band=1, n_sink_blocks=0,
                                cov_bias=False, block_size=64, scale=None, reorder="none", grid=None,
-                               n_prefix=0, backend="auto"):
+                               n_prefix=0, backend="auto", on_failure="reference"):
     """Piecewise sparse attention (PISA, and its second-order refinement PWT).
 
     Tokens are cut into blocks of `block_size`. For each query block i, the KV blocks S_i (the diagonal
@@ -80,11 +80,16 @@ def piecewise_sparse_attention(q, k, v, *, density=0.125, variant="pwt", band=1,
         grid: (F, H, W) or (H, W) of the T - n_prefix tokens after the prefix, for reorder="morton".
         n_prefix: number of leading tokens that are not on the grid (e.g. FLUX text tokens).
         backend: "auto" (fastest that can run; env PSA_BACKEND overrides), "torch", "triton" or "cute".
+        on_failure: what a fast backend's run-time failure does: "reference" (log once, compute this call
+            with the PyTorch reference) or "raise" (re-raise, for callers with a better fallback, e.g. the
+            ComfyUI node, which runs dense attention: on a GPU that is far faster than the reference).
 
     Returns:
         Tensor of q's shape and dtype.
     """
     _validate(q, k, v, density, variant, band, n_sink_blocks, block_size, reorder, grid, n_prefix, backend)
+    if on_failure not in ("reference", "raise"):
+        raise ValueError(f"on_failure must be 'reference' or 'raise', got {on_failure!r}")
     D = q.shape[-1]
     cfg = SparseConfig(density=float(density), variant=variant, band=band, n_sink_blocks=n_sink_blocks,
                        cov_bias=bool(cov_bias), block_size=block_size,
@@ -97,18 +102,18 @@ def piecewise_sparse_attention(q, k, v, *, density=0.125, variant="pwt", band=1,
     if q.is_cuda:
         # Triton launches on the current CUDA device, not the tensors' one (multi-GPU ComfyUI setups)
         with torch.cuda.device(q.device):
-            return _run(mod, name, q, k, v, cfg, reorder, grid, n_prefix)
-    return _run(mod, name, q, k, v, cfg, reorder, grid, n_prefix)
+            return _run(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure)
+    return _run(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure)
 
 
-def _run(mod, name, q, k, v, cfg, reorder, grid, n_prefix):
+def _run(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure):
     if reorder == "morton":
         perm, inv = orders_on(grid, q.device)
         q, k, v = (_permute(mod, name, x, perm, n_prefix) for x in (q, k, v))
     try:
         out = mod.forward(q, k, v, cfg)
     except Exception:
-        if name == "torch":
+        if name == "torch" or on_failure == "raise":
             raise
         if log_once(f"fail:{name}", "piecewise_sparse_attention: the %s backend failed; this call and later "
                     "failures use the torch reference (traceback below, logged once)", name, level=logging.ERROR):

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..kernels import piecewise_sparse_attention
+from ..kernels import piecewise_sparse_attention, select_backend
+from ..kernels.config import SparseConfig
 from . import policy
 
 log = logging.getLogger("piecewise_sparse_attention.nodes")
@@ -336,6 +337,8 @@ class SparseAttentionOverride:
                            n_steps=None if step is None else step[1], sigma=sigma,
                            sigma_window=st.sigma_window, forward_reason=fwd_reason)
         reason = policy.call_reason(self.knobs, call)
+        if reason is None:
+            reason = slow_path_reason(q, int(head_dim), self.knobs)
         if reason is not None:
             st.tally.add(reason)
         if reason is not None and not policy.is_routine(reason):
@@ -359,7 +362,8 @@ class SparseAttentionOverride:
             out = piecewise_sparse_attention(
                 qh, kh, vh, density=kn.density, variant=kn.variant, band=kn.band, n_sink_blocks=sinks,
                 cov_bias=kn.cov_bias, block_size=kn.block_size, reorder=kn.reorder,
-                grid=grid if kn.reorder == "morton" else None, n_prefix=n_prefix, backend=kn.backend)
+                grid=grid if kn.reorder == "morton" else None, n_prefix=n_prefix, backend=kn.backend,
+                on_failure="raise")
         except Exception:
             st.tally.add("operator failed, ran dense")
             if log_once("kernel-failure", "piecewise sparse attention: the operator failed; this call and "
@@ -396,6 +400,21 @@ class SparseAttentionOverride:
         if rec.pattern is None and call.block is not None and call.block >= mid:
             rec.pattern = _kept_pattern(qh, kh, vh, self.knobs, sinks, n_prefix, grid)
             rec.pattern_where = (call.step, call.block)
+
+
+def slow_path_reason(q: torch.Tensor, head_dim: int, kn: policy.Knobs, *, on_gpu: bool | None = None) -> str | None:
+    """With backend "auto" on a GPU, inputs that no fast kernel takes would run on the PyTorch reference,
+    which is slower than dense attention there: such calls stay dense (the reason is logged once). On a CPU
+    the reference is what runs; an explicit backend (node input or PSA_BACKEND) is obeyed."""
+    if kn.backend != "auto" or not (q.is_cuda if on_gpu is None else on_gpu):
+        return None
+    probe = q.new_empty((1, 1, 1, head_dim))  # what the backends check: device, dtype, head_dim
+    cfg = SparseConfig(density=kn.density, variant="pwt" if kn.variant == "off" else kn.variant,
+                       band=kn.band, cov_bias=kn.cov_bias, block_size=kn.block_size, scale=head_dim ** -0.5)
+    name, why = select_backend(probe, cfg, "auto")
+    if name == "torch" and why is not None:
+        return f"no fast kernel takes these inputs on the GPU ({why}); the reference would be slower than dense"
+    return None
 
 
 def _kept_pattern(qh, kh, vh, kn: policy.Knobs, sinks: int, n_prefix: int, grid) -> torch.Tensor:

@@ -65,3 +65,20 @@ def test_tma_is_only_chosen_for_16_byte_aligned_views():
     assert not fwd.tma_aligned(shifted)
     assert fwd.tma_aligned(torch.randn(1, 2, 130, 136, dtype=torch.bfloat16)[..., :128])  # rows of 272 bytes
     assert not fwd.tma_aligned(torch.randn(1, 2, 130, 132, dtype=torch.bfloat16)[..., :128])  # rows of 264 bytes
+
+
+def test_fast_backend_failure_uses_the_reference_or_raises_on_request(monkeypatch, caplog):
+    def forward(q, k, v, cfg):
+        raise RuntimeError("kernel launch failed")
+
+    fake = types.SimpleNamespace(available=lambda: True, unavailable_reason=lambda q, cfg: None, forward=forward)
+    monkeypatch.setitem(dispatch._loaded, "triton", fake)
+    q, k, v = qkv(T=200, seed=2)
+    with caplog.at_level(logging.INFO, logger="piecewise_sparse_attention"):
+        out = psa(q, k, v, density=0.5, backend="triton")
+    assert torch.equal(out, psa(q, k, v, density=0.5, backend="torch"))
+    assert "kernel launch failed" in caplog.text
+    with pytest.raises(RuntimeError, match="kernel launch failed"):
+        psa(q, k, v, density=0.5, backend="triton", on_failure="raise")
+    with pytest.raises(ValueError, match="on_failure"):
+        psa(q, k, v, on_failure="dense")

@@ -265,3 +265,18 @@ def test_probe_failure_never_breaks_sampling(monkeypatch, caplog):
     assert torch.equal(out, want)  # the sparse result, untouched by the failed measurement
     assert "probe out of memory" in caplog.text
     assert patch.run_state(ov.uid).tally.sparse == 1
+
+
+def test_gpu_inputs_no_fast_kernel_takes_stay_dense_instead_of_the_slow_reference(monkeypatch):
+    q = torch.randn(1, 8, 4, 80)
+    kn = policy.Knobs()
+    assert patch.slow_path_reason(q, 80, kn) is None  # CPU: the reference is what runs
+    monkeypatch.setattr(patch, "select_backend",
+                        lambda q, cfg, req: ("torch", "triton: head_dim 80 unsupported by triton (64 or 128)"))
+    why = patch.slow_path_reason(q, 80, kn, on_gpu=True)
+    assert why is not None and "head_dim 80" in why and "dense" in why
+    assert patch.slow_path_reason(q, 80, policy.Knobs(backend="torch"), on_gpu=True) is None  # explicit: obeyed
+    monkeypatch.setattr(patch, "select_backend", lambda q, cfg, req: ("triton", None))
+    assert patch.slow_path_reason(q, 128, kn, on_gpu=True) is None
+    monkeypatch.setattr(patch, "select_backend", lambda q, cfg, req: ("torch", None))  # PSA_BACKEND=torch
+    assert patch.slow_path_reason(q, 128, kn, on_gpu=True) is None
