@@ -411,7 +411,10 @@ def slow_path_reason(q: torch.Tensor, head_dim: int, kn: policy.Knobs, *, on_gpu
     probe = q.new_empty((1, 1, 1, head_dim))  # what the backends check: device, dtype, head_dim
     cfg = SparseConfig(density=kn.density, variant="pwt" if kn.variant == "off" else kn.variant,
                        band=kn.band, cov_bias=kn.cov_bias, block_size=kn.block_size, scale=head_dim ** -0.5)
-    name, why = select_backend(probe, cfg, "auto")
+    try:
+        name, why = select_backend(probe, cfg, "auto")
+    except ValueError:  # e.g. a bad PSA_BACKEND: the operator call reports it and the call runs dense
+        return None
     if name == "torch" and why is not None:
         return f"no fast kernel takes these inputs on the GPU ({why}); the reference would be slower than dense"
     return None

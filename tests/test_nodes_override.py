@@ -280,3 +280,8 @@ def test_gpu_inputs_no_fast_kernel_takes_stay_dense_instead_of_the_slow_referenc
     assert patch.slow_path_reason(q, 128, kn, on_gpu=True) is None
     monkeypatch.setattr(patch, "select_backend", lambda q, cfg, req: ("torch", None))  # PSA_BACKEND=torch
     assert patch.slow_path_reason(q, 128, kn, on_gpu=True) is None
+
+
+def test_bad_backend_env_never_breaks_a_gpu_call(monkeypatch):
+    monkeypatch.setenv("PSA_BACKEND", "bogus")
+    assert patch.slow_path_reason(torch.randn(1, 4, 128), 128, policy.Knobs(), on_gpu=True) is None
