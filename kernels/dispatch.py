@@ -23,13 +23,13 @@ _logged: set[str] = set()
 _lock = threading.Lock()
 
 
-def log_once(key: str, msg: str, *args, level=logging.INFO) -> bool:
-    """Log `msg` the first time `key` is seen; True when it was logged now."""
+def log_once(key: str, msg: str, *args, level=logging.INFO, logger: logging.Logger | None = None) -> bool:
+    """Log `msg` (to `logger`, default the pack's) the first time `key` is seen; True when it was logged now."""
     with _lock:
         if key in _logged:
             return False
         _logged.add(key)
-    log.log(level, msg, *args)
+    (logger or log).log(level, msg, *args)
     return True
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ..kernels import piecewise_sparse_attention, select_backend
+from ..kernels import dispatch as _dispatch
 from ..kernels.config import SparseConfig
 from . import policy
 
@@ -46,18 +47,13 @@ FORWARD_KEY = "psa_forward"  # transformer_options entry the wrapper sets for th
 DECISION_LOG_ENV = "PSA_DECISION_LOG"
 
 _ARG_NAMES = ("q", "k", "v", "heads", "mask", "attn_precision", "skip_reshape", "skip_output_reshape")
-_logged: set[str] = set()
-_lock = threading.Lock()
+_lock = threading.Lock()  # serialises the decision log's appends
 _tls = threading.local()
+_logged = _dispatch._logged  # one "logged once" registry for the whole pack (tests reset it)
 
 
 def log_once(key: str, msg: str, *args, level=logging.INFO) -> bool:
-    with _lock:
-        if key in _logged:
-            return False
-        _logged.add(key)
-    log.log(level, msg, *args)
-    return True
+    return _dispatch.log_once(key, msg, *args, level=level, logger=log)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -408,6 +404,20 @@ def slow_path_reason(q: torch.Tensor, head_dim: int, kn: policy.Knobs, *, on_gpu
     the reference is what runs; an explicit backend (node input or PSA_BACKEND) is obeyed."""
     if kn.backend != "auto" or not (q.is_cuda if on_gpu is None else on_gpu):
         return None
+    # once per (device, dtype, head_dim, knobs, PSA_BACKEND), not per attention call (`on_gpu` given: tests)
+    key = (str(q.device), q.dtype, head_dim, kn.variant, kn.block_size, kn.cov_bias, os.environ.get("PSA_BACKEND"))
+    if on_gpu is None and key in _SLOW_PATH:
+        return _SLOW_PATH[key]
+    reason = _slow_path_check(q, head_dim, kn)
+    if on_gpu is None:
+        _SLOW_PATH[key] = reason
+    return reason
+
+
+_SLOW_PATH: dict[tuple, str | None] = {}
+
+
+def _slow_path_check(q: torch.Tensor, head_dim: int, kn: policy.Knobs) -> str | None:
     probe = q.new_empty((1, 1, 1, head_dim))  # what the backends check: device, dtype, head_dim
     cfg = SparseConfig(density=kn.density, variant="pwt" if kn.variant == "off" else kn.variant,
                        band=kn.band, cov_bias=kn.cov_bias, block_size=kn.block_size, scale=head_dim ** -0.5)
