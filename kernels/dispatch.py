@@ -92,6 +92,16 @@ def select_backend(q, cfg, requested: str = "auto") -> tuple[str, str | None]:
     for name in _ORDER:
         reason = unavailable_reason(name, q, cfg)
         if reason is None:
+            # a backend that can run may still prefer not to under "auto" (e.g. too small to pay its
+            # launch cost); an explicit request runs it anyway
+            skip = getattr(_module(name), "auto_skip_reason", None)
+            try:
+                reason = skip(q, cfg) if (skip is not None and q is not None) else None
+            except Exception as e:  # a broken heuristic never breaks dispatch
+                reason = None
+                log_once(f"autoskip:{name}", "piecewise_sparse_attention: %s auto_skip_reason raised %s: %s",
+                         name, type(e).__name__, e, level=logging.WARNING)
+        if reason is None:
             return name, ("; ".join(skipped) if skipped else None)
         skipped.append(reason)
     return "torch", "; ".join(skipped)

@@ -110,10 +110,15 @@ def _full_perm(perm, n_prefix, T, device):
 
 
 def _forward_impl(q, k, v, cfg: SparseConfig, *, routing=None, perm=None, n_prefix=0, config=None,
-                  scratch=None):
+                  scratch=None, attention=None):
     """q, k, v [B, H, T, D] (any strides with unit last stride). With `perm` (Morton order of the tokens
     after `n_prefix`) the inputs and the output are in the caller's order and the kernels read and write
-    rows through the permutation: the reorder costs no extra pass."""
+    rows through the permutation: the reorder costs no extra pass.
+
+    `attention(q, k, v, out, st, idx, vbias, cfg)` runs the attention of one head chunk (default this
+    backend's fused kernel); the CuTe backend passes its own, so statistics, routing and the head chunking
+    stay one code path. `perm` and `config` reach it only when given (the CuTe kernel takes neither)."""
+    attention = _fwd.attention if attention is None else attention
     q, k, v = _contig_last(q), _contig_last(k), _contig_last(v)
     B, H, T, D = q.shape
     n = -(-T // cfg.block_size)
@@ -140,8 +145,21 @@ def _forward_impl(q, k, v, cfg: SparseConfig, *, routing=None, perm=None, n_pref
                 sub = type(routing)(idx=routing.idx[:, h0:h1], exact=routing.exact[:, h0:h1],
                                     w=routing.w[:, h0:h1])
                 vbias = _stats.vbias_from_routing(sub, q.dtype).contiguous()
-        _fwd.attention(qc, kc, vc, oc, st, idx, vbias, cfg, perm=fperm, config=config)
+        kw = {}
+        if fperm is not None:
+            kw["perm"] = fperm
+        if config is not None:
+            kw["config"] = config
+        attention(qc, kc, vc, oc, st, idx, vbias, cfg, **kw)
     return out
+
+
+def split_large_batch(fn, q, k, v):
+    """fn(q, k, v) once per batch element when q has 2^31 elements or more and B > 1 (the kernels use 32-bit
+    offsets within one batch element; each slice starts at its own base pointer), else None."""
+    if q.numel() >= 2**31 and q.shape[0] > 1:
+        return torch.cat([fn(q[b:b + 1], k[b:b + 1], v[b:b + 1]) for b in range(q.shape[0])])
+    return None
 
 
 def _cfg(density, variant, band, n_sink_blocks, cov_bias, block_size, scale) -> SparseConfig:
@@ -175,10 +193,9 @@ def forward(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None, n_p
     """
     if _IMPORT_ERROR is not None:
         raise RuntimeError(f"triton backend unavailable: {_IMPORT_ERROR}")
-    if q.numel() >= 2**31 and q.shape[0] > 1:
-        # 32-bit kernel offsets: one launch per batch element (each slice starts at its own base pointer)
-        return torch.cat([forward(q[b:b + 1], k[b:b + 1], v[b:b + 1], cfg, perm=perm, n_prefix=n_prefix)
-                          for b in range(q.shape[0])])
+    split = split_large_batch(lambda qb, kb, vb: forward(qb, kb, vb, cfg, perm=perm, n_prefix=n_prefix), q, k, v)
+    if split is not None:
+        return split
     args = (q, k, v, float(cfg.density), cfg.variant, int(cfg.band), int(cfg.n_sink_blocks),
             bool(cfg.cov_bias), int(cfg.block_size), float(cfg.scale), perm, int(n_prefix))
     with torch.no_grad():
