@@ -1,0 +1,543 @@
+"""The piecewise sparse attention forward on Hopper (SM90) in CuTe DSL: WGMMA, TMA, warp specialisation.
+
+One fused kernel (exact blocks and virtual tokens in one online softmax) rather than an exact block-sparse
+pass merged through log-sum-exps with a separate virtual-token pass. Why: the virtual-token scan is the same
+[64 x 64] x [64 x 128] tile pair as an exact block (block-mean keys k-bar against the query tile, then P
+against the block value means), so it rides the same TMA pipeline and WGMMA code with another source tensor
+and a bias row; a separate pass would re-read Q, write and re-read a partial output and its LSE (about
+1 GB more HBM traffic at the Wan2.1-14B 480p shape, ~0.3 ms) and launch a second grid. Measured on the H200
+(bench/results/cute_h200.md): the fused virtual part costs pwt - drop = 1.1 ms of 6.95 ms at that shape,
+about what its extra tile traffic (8 k-bar + 8 value-mean + 2 H-bar tiles per query block next to 128 K/V
+tiles) predicts; the split design was not built. The first-order term s (q H-bar) sum_U e(s-hat) is one
+more WGMMA at the end (A = the query tile still in shared memory, B = H-bar as two 64-row tiles).
+
+CTA = one 64-token query block i of one (batch, head), matching the routing granularity (S_i is per query
+block), 2 warpgroups:
+  * warpgroup 0, warp 0 (producer, 40 registers): TMA loads of Q_i, then for every routed block j in S_i
+    the K_j and V_j tiles, then the k-bar / value-mean tiles of all KV blocks (virtual tokens, pisa/pwt)
+    and the two H-bar tiles, all through one 5-stage mbarrier pipeline of 16 KiB tiles;
+  * warpgroup 1 (consumer, 216 registers): S = Q K^T on WGMMA (m64n64k16, both operands in shared
+    memory), online softmax in registers (exp2, scale folded in, one running max shared by all terms),
+    O += P V on WGMMA with P from registers (m64n128k16). The exact loop is software-pipelined as in
+    FlashAttention-3: S_n = Q K_n^T is issued together with P_{n-1} V_{n-1}, and the softmax of S_n runs
+    while the P V product is still on the tensor cores. Virtual tiles add the bias row (-inf for an exact
+    block, the gated PWT bonus otherwise), weight P by the real token counts n_j, and load their bias
+    before the GEMM so the loads overlap it.
+Two CTAs share an SM (launch bound 2 x 256 threads, ~97 KiB shared memory each), so one CTA's softmax
+overlaps the other's tensor-core work. Every rescale of the running max multiplies all accumulated mass
+(numerator, denominator and the first-order weight), as ../../shared/MATH.md requires.
+
+What bounds it (H200, Wan2.1-14B 480p, density 0.125, attention only): drop 5.85 ms = 2.75 TFLOP at
+470 TFLOP/s, and time is linear in the routed tiles (d 0.25: 11.9 ms, d 0.5: 23.6 ms). Each 64-row query
+block streams its own K/V tiles: 20480 query blocks x 64 tiles x 32 KiB = 42.9 GB from L2 per call,
+7.3 TB/s, about the L2-to-SM bandwidth of the chip; the Triton kernel (same 64-row tiles) lands at the
+same place. Measured and not kept: (1) two query blocks per CTA streaming the union of their lists (each
+shared tile loaded once; on DiT-like Morton-ordered inputs the union is 0.68 of the two lists): 6.75-7.2
+ms vs 5.97 ms for one block per CTA at the time, the two warpgroups wait on each other's stages and one
+CTA per SM leaves gaps; (2) a lazy running max (rescale only when it grows by 2^8): no measurable gain and
+P rounds differently (2e-3 from Triton instead of 2e-5). The software pipeline took drop from 5.97 to
+5.67-5.85 ms. Cutting the L2 traffic needs sharing tiles between query blocks (TMA multicast in a cluster
+of adjacent query blocks) or coarser routing, which MATH.md does not allow.
+
+Shapes are runtime values (T, N, K, heads, batch): one compile per (variant family, stages) serves every
+shape (1.5-3.5 s on the first call in a process, compile_stats()); cutlass-dsl also keeps compiled
+modules in its file cache (CUTE_DSL_CACHE_DIR, default $TMPDIR/$USER/cutlass_python_cache).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+import torch
+
+import cuda.bindings.driver as cuda  # noqa: F401  (cutlass-dsl's stream type)
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cute.runtime import from_dlpack
+
+log = logging.getLogger("piecewise_sparse_attention")
+
+IMPORT_ERROR = None  # this module only imports when nvidia-cutlass-dsl does (kernels/cute/__init__.py)
+
+BS = 64  # query rows per CTA = tokens per routing block
+D_SUPPORTED = 128
+LOG2E = 1.4426950408889634
+
+
+class PiecewiseSparseFwdSm90:
+    """Compile-time configuration: variant family (exact only, or exact + virtual tokens) and stages."""
+
+    def __init__(self, approx: bool, kv_stages: int = 4, head_dim: int = 128):
+        self.approx = approx
+        self.kv_stages = kv_stages
+        self.d = head_dim
+        self.qk_tiler = (BS, BS, head_dim)  # (M, N, K) of S = Q K^T
+        self.pv_tiler = (BS, head_dim, BS)  # (M, N, K) of O = P V
+        self.threads = 256
+        self.regs_producer = 40
+        self.regs_consumer = 216
+
+    # ------------------------------------------------------------------ host side (traced once)
+    @cute.jit
+    def __call__(self, mQ4: cute.Tensor, mK4: cute.Tensor, mV4: cute.Tensor, mO4: cute.Tensor,
+                 mKb4: cute.Tensor, mVm4: cute.Tensor, mH4: cute.Tensor, mVB: cute.Tensor,
+                 mIdx: cute.Tensor, n_vt: cutlass.Int32, scale_log2: cutlass.Float32,
+                 scale: cutlass.Float32, stream: cuda.CUstream):
+        dt = mQ4.element_type
+
+        def tok_major(x):  # [B, H, T, D] -> (T, D, (H, B)): rows = tokens, K-major
+            return cute.make_tensor(x.iterator, cute.make_layout(
+                (x.shape[2], x.shape[3], (x.shape[1], x.shape[0])),
+                stride=(x.stride[2], x.stride[3], (x.stride[1], x.stride[0]))))
+
+        def dim_major(x):  # [B, H, T, D] -> (D, T, (H, B)): the B operand of O = P V (MN-major)
+            return cute.make_tensor(x.iterator, cute.make_layout(
+                (x.shape[3], x.shape[2], (x.shape[1], x.shape[0])),
+                stride=(x.stride[3], x.stride[2], (x.stride[1], x.stride[0]))))
+
+        mQ, mK, mO, mKb = tok_major(mQ4), tok_major(mK4), tok_major(mO4), tok_major(mKb4)
+        mV, mVm, mH = dim_major(mV4), dim_major(mVm4), dim_major(mH4)
+
+        q_layout = utils.LayoutEnum.from_tensor(mQ)
+        k_layout = utils.LayoutEnum.from_tensor(mK)
+        v_layout = utils.LayoutEnum.from_tensor(mV)
+        qk_mma = sm90_utils.make_trivial_tiled_mma(
+            dt, dt, q_layout.sm90_mma_major_mode(), k_layout.sm90_mma_major_mode(), cutlass.Float32,
+            (1, 1, 1), self.qk_tiler[:2])
+        pv_mma = sm90_utils.make_trivial_tiled_mma(
+            dt, dt, warpgroup.OperandMajorMode.K, v_layout.sm90_mma_major_mode(), cutlass.Float32,
+            (1, 1, 1), self.pv_tiler[:2], warpgroup.OperandSource.RMEM)
+        # q H-bar: A = the query tile in shared memory, B = H-bar rows as "value" tiles
+        qh_mma = sm90_utils.make_trivial_tiled_mma(
+            dt, dt, q_layout.sm90_mma_major_mode(), v_layout.sm90_mma_major_mode(), cutlass.Float32,
+            (1, 1, 1), self.pv_tiler[:2])
+
+        sQ_layout = sm90_utils.make_smem_layout_a(q_layout, self.qk_tiler, dt, 1)
+        sK_layout = sm90_utils.make_smem_layout_b(k_layout, self.qk_tiler, dt, self.kv_stages)
+        sV_layout = sm90_utils.make_smem_layout_b(v_layout, self.pv_tiler, dt, self.kv_stages)
+
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        sQ0 = cute.slice_(sQ_layout, (None, None, 0))
+        sK0 = cute.slice_(sK_layout, (None, None, 0))
+        sV0 = cute.slice_(sV_layout, (None, None, 0))
+        tma_q, gQt = cpasync.make_tiled_tma_atom(g2s, mQ, sQ0, (BS, self.d))
+        tma_k, gKt = cpasync.make_tiled_tma_atom(g2s, mK, sK0, (BS, self.d))
+        tma_v, gVt = cpasync.make_tiled_tma_atom(g2s, mV, sV0, (self.d, BS))
+        tma_kb, gKbt = cpasync.make_tiled_tma_atom(g2s, mKb, sK0, (BS, self.d))
+        tma_vm, gVmt = cpasync.make_tiled_tma_atom(g2s, mVm, sV0, (self.d, BS))
+        tma_h, gHt = cpasync.make_tiled_tma_atom(g2s, mH, sV0, (self.d, BS))
+        self.q_bytes = cute.size_in_bytes(dt, sQ0)
+        self.kv_bytes = cute.size_in_bytes(dt, sK0)
+
+        @cute.struct
+        class Smem:
+            q_bar: cute.struct.MemRange[cutlass.Int64, 2]
+            kv_bar: cute.struct.MemRange[cutlass.Int64, 2 * self.kv_stages]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+            sKV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+
+        self.smem = Smem
+        n_q = cute.ceil_div(mQ.shape[0], BS)
+        self.kernel(qk_mma, pv_mma, qh_mma, tma_q, gQt, tma_k, gKt, tma_v, gVt, tma_kb, gKbt, tma_vm, gVmt,
+                    tma_h, gHt, mO, mVB, mIdx, n_vt, scale_log2, scale, sQ_layout, sK_layout,
+                    sV_layout).launch(
+            grid=[n_q, mQ4.shape[1], mQ4.shape[0]], block=[self.threads, 1, 1], stream=stream,
+            min_blocks_per_mp=2)
+
+    # ------------------------------------------------------------------ device side
+    @cute.kernel
+    def kernel(self, qk_mma: cute.TiledMma, pv_mma: cute.TiledMma, qh_mma: cute.TiledMma,
+               tma_q: cute.CopyAtom, gQt: cute.Tensor, tma_k: cute.CopyAtom, gKt: cute.Tensor,
+               tma_v: cute.CopyAtom, gVt: cute.Tensor, tma_kb: cute.CopyAtom, gKbt: cute.Tensor,
+               tma_vm: cute.CopyAtom, gVmt: cute.Tensor, tma_h: cute.CopyAtom, gHt: cute.Tensor,
+               mO: cute.Tensor, mVB: cute.Tensor, mIdx: cute.Tensor, n_vt: cutlass.Int32,
+               scale_log2: cutlass.Float32, scale: cutlass.Float32,
+               sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
+               sV_layout: cute.ComposedLayout):
+        tidx, _, _ = cute.arch.thread_idx()
+        i_q, i_h, i_b = cute.arch.block_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg = cute.arch.make_warp_uniform(tidx // 128)
+        T = mO.shape[0]
+        n_kv = (T + BS - 1) // BS
+        n_sel = mIdx.shape[3]
+
+        smem = utils.SmemAllocator()
+        st = smem.allocate(self.smem)
+        q_pipe = pipeline.PipelineTmaAsync.create(
+            barrier_storage=st.q_bar.data_ptr(), num_stages=1,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4),
+            tx_count=self.q_bytes, defer_sync=True)
+        kv_pipe = pipeline.PipelineTmaAsync.create(
+            barrier_storage=st.kv_bar.data_ptr(), num_stages=self.kv_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4),
+            tx_count=self.kv_bytes, defer_sync=True)
+        q_prod, q_cons = q_pipe.make_participants()
+        kv_prod, kv_cons = kv_pipe.make_participants()
+
+        sQ = st.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = st.sKV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = cute.make_tensor(cute.recast_ptr(sK.iterator, sV_layout.inner), sV_layout.outer)
+
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        hb = (i_h, i_b)
+        if wg == 0:
+            cute.arch.setmaxregister_decrease(self.regs_producer)
+            if warp == 0:
+                # (TMA, tiles_rows, tiles_cols, (H, B)) views of every source
+                tQs, tQg = self._tma_part(tma_q, sQ, gQt, BS, self.d)
+                tKs, tKg = self._tma_part(tma_k, sK, gKt, BS, self.d)
+                tVs, tVg = self._tma_part(tma_v, sV, gVt, self.d, BS)
+                h = q_prod.acquire_and_advance()
+                cute.copy(tma_q, tQg[(None, i_q, 0, hb)], tQs[(None, h.index)], tma_bar_ptr=h.barrier)
+                for kk in cutlass.range(n_sel, unroll=1):
+                    j = mIdx[i_b, i_h, i_q, kk]
+                    if j >= 0:
+                        h = kv_prod.acquire_and_advance()
+                        cute.copy(tma_k, tKg[(None, j, 0, hb)], tKs[(None, h.index)], tma_bar_ptr=h.barrier)
+                        h = kv_prod.acquire_and_advance()
+                        cute.copy(tma_v, tVg[(None, 0, j, hb)], tVs[(None, h.index)], tma_bar_ptr=h.barrier)
+                if cutlass.const_expr(self.approx):
+                    if n_vt > 0:
+                        tKbs, tKbg = self._tma_part(tma_kb, sK, gKbt, BS, self.d)
+                        tVms, tVmg = self._tma_part(tma_vm, sV, gVmt, self.d, BS)
+                        tHs, tHg = self._tma_part(tma_h, sV, gHt, self.d, BS)
+                        for t in cutlass.range(n_vt, unroll=1):
+                            h = kv_prod.acquire_and_advance()
+                            cute.copy(tma_kb, tKbg[(None, t, 0, hb)], tKbs[(None, h.index)],
+                                      tma_bar_ptr=h.barrier)
+                            h = kv_prod.acquire_and_advance()
+                            cute.copy(tma_vm, tVmg[(None, 0, t, hb)], tVms[(None, h.index)],
+                                      tma_bar_ptr=h.barrier)
+                        for t in cutlass.range_constexpr(self.d // BS):
+                            h = kv_prod.acquire_and_advance()
+                            cute.copy(tma_h, tHg[(None, 0, t, hb)], tHs[(None, h.index)], tma_bar_ptr=h.barrier)
+        else:
+            cute.arch.setmaxregister_increase(self.regs_consumer)
+            ctid = tidx - 128
+            # accumulate mode set once in this region (a value set inside a loop body would escape it);
+            # accumulators are zeroed explicitly instead
+            qk_mma.set(warpgroup.Field.ACCUMULATE, True)
+            pv_mma.set(warpgroup.Field.ACCUMULATE, True)
+            qh_mma.set(warpgroup.Field.ACCUMULATE, True)
+            qk_thr = qk_mma.get_slice(ctid)
+            pv_thr = pv_mma.get_slice(ctid)
+            tSrQ = qk_thr.make_fragment_A(qk_thr.partition_A(sQ))
+            tSrK = qk_thr.make_fragment_B(qk_thr.partition_B(sK))
+            tOrV = pv_thr.make_fragment_B(pv_thr.partition_B(sV))
+            acc_o = pv_thr.make_fragment_C(pv_thr.partition_shape_C(self.pv_tiler[:2]))
+            acc_o.fill(0.0)
+            s_shape = qk_thr.partition_shape_C(self.qk_tiler[:2])
+            # coordinates (row, col) of each accumulator element of S within the 64 x 64 tile
+            tScS = qk_thr.partition_C(cute.make_identity_tensor(self.qk_tiler[:2]))
+            tOcO = pv_thr.partition_C(cute.make_identity_tensor(self.pv_tiler[:2]))
+            n_rows = 2  # rows of the tile each thread holds (lane // 4 and lane // 4 + 8 of its warp)
+            row_max = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
+            row_sum = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
+            row_g = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
+            for r in cutlass.range_constexpr(n_rows):
+                row_max[r] = -cutlass.Float32.inf
+                row_sum[r] = 0.0
+                row_g[r] = 0.0
+
+            qh = q_cons.wait_and_advance()
+            sQi = tSrQ[(None, None, None, qh.index)]
+            rem = T - (n_kv - 1) * BS  # real tokens in the last block
+            alpha = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
+            acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
+            tOrP = cute.make_rmem_tensor(pv_thr.partition_shape_A(self.pv_tiler[::2]), mO.element_type)
+            # routed blocks come first in the list, -1 padding after them
+            n_valid = cutlass.Int32(0)
+            for kk in cutlass.range(n_sel, unroll=1):
+                if mIdx[i_b, i_h, i_q, kk] >= 0:
+                    n_valid = n_valid + 1
+            if n_valid > 0:
+                # software pipeline (FlashAttention-3 style, within the warpgroup): while P_{n-1} V_{n-1}
+                # runs on the tensor cores, the softmax of S_n = Q K_n^T runs on the other units
+                kh0 = kv_cons.wait_and_advance()
+                self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, kh0.index)])
+                warpgroup.wait_group(0)
+                kh0.release()
+                self._mask_tail(acc_s, tScS, mIdx[i_b, i_h, i_q, 0], n_kv, rem)
+                self._online_softmax(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, False, None, alpha, True)
+                self._to_p(acc_s, tOrP)
+                for kk in cutlass.range(1, n_valid, unroll=1):
+                    vh = kv_cons.wait_and_advance()  # V_{n-1}
+                    kh = kv_cons.wait_and_advance()  # K_n
+                    self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, kh.index)])
+                    self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, vh.index)])
+                    warpgroup.wait_group(1)  # S_n ready; P_{n-1} V_{n-1} may still run
+                    kh.release()
+                    self._mask_tail(acc_s, tScS, mIdx[i_b, i_h, i_q, kk], n_kv, rem)
+                    self._online_softmax(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, False, None, alpha,
+                                         False)
+                    warpgroup.wait_group(0)
+                    vh.release()
+                    self._rescale_o(acc_o, alpha)
+                    self._to_p(acc_s, tOrP)
+                vhl = kv_cons.wait_and_advance()
+                self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, vhl.index)])
+                warpgroup.wait_group(0)
+                vhl.release()
+            if cutlass.const_expr(self.approx):
+                if n_vt > 0:
+                    n_last = cutlass.Float32(rem)
+                    cnt = cute.make_rmem_tensor(s_shape, cutlass.Float32)
+                    bias = cute.make_rmem_tensor(s_shape, cutlass.Float32)
+                    for t in cutlass.range(n_vt, unroll=1):
+                        # bias row and token counts first: their loads overlap the S GEMM
+                        for e in cutlass.range_constexpr(cute.size(acc_s)):
+                            jj = t * BS + tScS[e][1]
+                            b = -cutlass.Float32.inf
+                            c = cutlass.Float32(BS)
+                            if jj < n_kv:
+                                b = mVB[i_b, i_h, i_q, jj].to(cutlass.Float32) * LOG2E
+                                if jj == n_kv - 1:
+                                    c = n_last
+                            bias[e] = b
+                            cnt[e] = c
+                        kh2 = kv_cons.wait_and_advance()
+                        self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, kh2.index)])
+                        warpgroup.wait_group(0)
+                        kh2.release()
+                        for e in cutlass.range_constexpr(cute.size(acc_s)):
+                            # logits in log2 units (scale folded in), bias added
+                            acc_s[e] = acc_s[e] * scale_log2 + bias[e]
+                        self._online_softmax(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, True, cnt, alpha,
+                                             True)
+                        self._to_p(acc_s, tOrP)
+                        vh2 = kv_cons.wait_and_advance()
+                        self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, vh2.index)])
+                        warpgroup.wait_group(0)
+                        vh2.release()
+                    # first-order term: acc += s (q H-bar) * g, g = sum_U e(s-hat) (per row, all threads)
+                    qh_thr = qh_mma.get_slice(ctid)
+                    tHrQ = qh_thr.make_fragment_A(qh_thr.partition_A(sQ))[(None, None, None, qh.index)]
+                    tHrH = qh_thr.make_fragment_B(qh_thr.partition_B(sV))
+                    acc_h = qh_thr.make_fragment_C(qh_thr.partition_shape_C(self.pv_tiler[:2]))
+                    n_kb = cute.size(tHrH, mode=[2])  # k-blocks per H-bar tile
+                    hhs = []
+                    for t in cutlass.range_constexpr(self.d // BS):
+                        hhs.append(kv_cons.wait_and_advance())
+                    acc_h.fill(0.0)
+                    warpgroup.fence()
+                    for t in cutlass.range_constexpr(self.d // BS):
+                        for kb in cutlass.range_constexpr(n_kb):
+                            cute.gemm(qh_mma, acc_h, tHrQ[(None, None, t * n_kb + kb)],
+                                      tHrH[(None, None, kb, hhs[t].index)], acc_h)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(0)
+                    for t in cutlass.range_constexpr(self.d // BS):
+                        hhs[t].release()
+                    for r in cutlass.range_constexpr(n_rows):
+                        row_g[r] = self._quad_sum(row_g[r])
+                    for e in cutlass.range_constexpr(cute.size(acc_o)):
+                        r = self._row_slot(tOcO[e][0])
+                        acc_o[e] = acc_o[e] + acc_h[e] * (scale * row_g[r])
+            # epilogue: normalise, store the rows that exist
+            for r in cutlass.range_constexpr(n_rows):
+                row_sum[r] = self._quad_sum(row_sum[r])
+            for e in cutlass.range_constexpr(cute.size(acc_o)):
+                row = tOcO[e][0]
+                t_row = i_q * BS + row
+                if t_row < T:
+                    mO[t_row, tOcO[e][1], hb] = (acc_o[e] / row_sum[self._row_slot(row)]).to(mO.element_type)
+        return
+
+    # ------------------------------------------------------------------ helpers
+    @cute.jit
+    def _tma_part(self, atom, s, g, r, c):
+        """Partition a (rows, cols, (H, B)) TMA tensor into (r, c) tiles against a staged smem buffer."""
+        gt = cute.flat_divide(g, (r, c))  # (r, c, tiles_r, tiles_c, (H, B))
+        return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(s, 0, 2),
+                                     cute.group_modes(gt, 0, 2))
+
+    @cute.jit
+    def _issue_ss(self, mma, acc, a, b):
+        acc.fill(0.0)
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(cute.size(a, mode=[2])):
+            cute.gemm(mma, acc, a[(None, None, kb)], b[(None, None, kb)], acc)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def _issue_rs(self, mma, acc, a, b):
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(cute.size(a, mode=[2])):
+            cute.gemm(mma, acc, a[(None, None, kb)], b[(None, None, kb)], acc)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def _mask_tail(self, acc_s, tScS, j, n_kv, rem):
+        if j == n_kv - 1:
+            if rem < BS:
+                for e in cutlass.range_constexpr(cute.size(acc_s)):
+                    if tScS[e][1] >= rem:
+                        acc_s[e] = -cutlass.Float32.inf
+
+    @cute.jit
+    def _to_p(self, acc_s, tOrP):
+        as_acc = cute.make_tensor(tOrP.iterator, acc_s.layout)
+        as_acc.store(acc_s.load().to(tOrP.element_type))
+
+    @cute.jit
+    def _row_slot(self, row):
+        # a thread holds rows lane // 4 (+ 16 x warp) and that + 8: slot 0 or 1
+        return (row // 8) % 2
+
+    @cute.jit
+    def _quad_sum(self, x):
+        x = x + cute.arch.shuffle_sync_bfly(x, offset=1)
+        return x + cute.arch.shuffle_sync_bfly(x, offset=2)
+
+    @cute.jit
+    def _quad_max(self, x):
+        x = cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=1))
+        return cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=2))
+
+    @cute.jit
+    def _online_softmax(self, acc_s, acc_o, row_max, row_sum, row_g, scale_log2, virtual: cutlass.Constexpr,
+                        cnt, alpha, rescale_o: cutlass.Constexpr):
+        """acc_s holds raw scores (exact tile) or log2-unit logits (virtual tile); on return it holds
+        P (times the token counts for virtual tiles) and `alpha` the per-row rescale of the old mass. Rescales
+        the running sums now, and the output accumulator now or (rescale_o=False: a P V product still in
+        flight on the tensor cores) later through `_rescale_o`."""
+        n_rows = 2
+        new_max = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
+        for r in cutlass.range_constexpr(n_rows):
+            new_max[r] = row_max[r]
+        for e in cutlass.range_constexpr(cute.size(acc_s)):
+            r = self._row_slot_s(e)
+            x = acc_s[e]
+            if cutlass.const_expr(not virtual):
+                x = x * scale_log2
+            new_max[r] = cute.arch.fmax(new_max[r], x)
+        for r in cutlass.range_constexpr(n_rows):
+            m = self._quad_max(new_max[r])
+            m_use = m
+            if m == -cutlass.Float32.inf:
+                m_use = 0.0
+            alpha[r] = cute.math.exp2(row_max[r] - m_use, fastmath=True)
+            row_max[r] = m
+            new_max[r] = m_use
+        psum = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
+        gsum = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
+        for r in cutlass.range_constexpr(n_rows):
+            psum[r] = 0.0
+            gsum[r] = 0.0
+        for e in cutlass.range_constexpr(cute.size(acc_s)):
+            r = self._row_slot_s(e)
+            if cutlass.const_expr(not virtual):
+                p = cute.math.exp2(acc_s[e] * scale_log2 - new_max[r], fastmath=True)
+                psum[r] = psum[r] + p
+                acc_s[e] = p
+            else:
+                p = cute.math.exp2(acc_s[e] - new_max[r], fastmath=True)
+                gsum[r] = gsum[r] + p
+                pn = p * cnt[e]
+                psum[r] = psum[r] + pn
+                acc_s[e] = pn
+        for r in cutlass.range_constexpr(n_rows):
+            row_sum[r] = row_sum[r] * alpha[r] + psum[r]
+            if cutlass.const_expr(virtual):
+                row_g[r] = row_g[r] * alpha[r] + gsum[r]
+            else:
+                row_g[r] = row_g[r] * alpha[r]
+        if cutlass.const_expr(rescale_o):
+            self._rescale_o(acc_o, alpha)
+
+    @cute.jit
+    def _rescale_o(self, acc_o, alpha):
+        for e in cutlass.range_constexpr(cute.size(acc_o)):
+            acc_o[e] = acc_o[e] * alpha[self._row_slot_o(e)]
+
+    def _row_slot_s(self, e: int) -> int:
+        # WGMMA fp32 accumulator order per thread: (2 cols, 2 row halves, N/8 col groups)
+        return (e // 2) % 2
+
+    def _row_slot_o(self, e: int) -> int:
+        return (e // 2) % 2
+
+# ---------------------------------------------------------------------------------------------- host glue
+_compiled: dict = {}
+_compile_seconds: dict = {}
+_lock = threading.Lock()
+
+
+def compile_stats() -> dict:
+    """{shape class: seconds of the first-call JIT compile} for this process."""
+    return dict(_compile_seconds)
+
+
+def check(q: torch.Tensor, cfg) -> str | None:
+    """None when this kernel takes these inputs, else why not (kernels.cute.unavailable_reason adds the
+    package / GPU checks)."""
+    if q.dtype != torch.bfloat16:
+        return f"dtype {str(q.dtype).replace('torch.', '')} unsupported by cute (bfloat16 only)"
+    if q.shape[-1] != D_SUPPORTED:
+        return f"head_dim {q.shape[-1]} unsupported by cute (128 only)"
+    if cfg is not None and cfg.block_size != BS:
+        return f"block_size {cfg.block_size} unsupported by cute (64 only)"
+    return None
+
+
+def _aligned(x: torch.Tensor) -> bool:
+    es = x.element_size()
+    return x.data_ptr() % 16 == 0 and x.stride(-1) == 1 and all((s * es) % 16 == 0 for s in x.stride()[:-1])
+
+
+def _cute(x: torch.Tensor, align: int = 16):
+    # detach: DLPack refuses tensors that require grad (the kernel is forward-only; routing is detached)
+    return from_dlpack(x.detach(), assumed_align=align).mark_layout_dynamic(leading_dim=x.dim() - 1)
+
+
+def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None):
+    """Fused forward on [B, HC, T, D] bf16 views (unit last stride, 16-byte aligned strides); same
+    arguments and meaning as kernels.triton.fwd.attention."""
+    B, HC, T, D = q.shape
+    n = -(-T // BS)
+    approx = cfg.variant in ("pisa", "pwt")
+    n_virt = n if (approx and cfg.budget(n) < n) else 0
+    n_vt = -(-n_virt // BS)
+    for name, x in (("q", q), ("k", k), ("v", v), ("out", out)):
+        if not _aligned(x):
+            raise ValueError(f"cute backend: {name} needs 16-byte aligned strides and base (TMA)")
+    stages = kv_stages or int(os.environ.get("PSA_CUTE_STAGES", "5"))
+    if approx:
+        kb, vm, hb = st.kbar_lp, st.vmean_lp, st.hbar_lp
+        vb = vbias
+    else:  # unused by the drop kernel, but the signature is fixed: tiny placeholders of the right rank
+        kb = vm = q[:, :, :BS]
+        hb = q[:, :, :D]
+        vb = torch.zeros(1, 1, 1, 1, device=q.device, dtype=torch.float16)
+    key = (approx, stages, str(q.dtype), D)
+    args = [_cute(x) for x in (q, k, v, out, kb, vm, hb)]
+    args += [from_dlpack(vb.detach(), assumed_align=2).mark_layout_dynamic(leading_dim=3),
+             from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3)]
+    scal = [cutlass.Int32(n_vt), cutlass.Float32(float(cfg.scale) * LOG2E), cutlass.Float32(float(cfg.scale))]
+    stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
+    fn = _compiled.get(key)
+    if fn is None:
+        with _lock:
+            fn = _compiled.get(key)
+            if fn is None:
+                t0 = time.perf_counter()
+                fn = cute.compile(PiecewiseSparseFwdSm90(approx, stages, D), *args, *scal, stream)
+                dt = time.perf_counter() - t0
+                _compile_seconds[str(key)] = dt
+                _compiled[key] = fn
+                log.info("piecewise_sparse_attention: cute kernel compiled for %s in %.1f s (once per process)",
+                         "pisa/pwt" if approx else "drop", dt)
+    fn(*args, *scal, stream)
+    return out
+
