@@ -1,0 +1,66 @@
+"""Trace and compile the CuTe-DSL kernel for sm_90a on a machine without a GPU (run by test_cute_compile.py in
+a subprocess: CUTE_DSL_ARCH must be set before cutlass initialises, and nothing here may leak into other tests).
+
+cutlass-dsl compiles without a driver once the target arch is given; the launch's occupancy hint
+(min_blocks_per_mp=2) asks the driver for the shared memory per SM, which this machine cannot answer, so that
+one query returns the Hopper value (228 KiB). Prints one line `RESULTS_JSON {...}`: per variant family the
+compile seconds and, when ptxas is on PATH, its register / spill report of the generated PTX.
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+dump = tempfile.mkdtemp(prefix="psa_cute_")
+os.environ["CUTE_DSL_KEEP"] = "ptx"
+os.environ["CUTE_DSL_DUMP_DIR"] = dump
+os.environ["CUTE_DSL_DISABLE_FILE_CACHING"] = "1"
+sys.path.insert(0, os.getcwd())
+
+import torch  # noqa: E402
+
+import cutlass  # noqa: E402
+import cutlass.base_dsl.runtime.cuda as _cuda_rt  # noqa: E402
+import cuda.bindings.driver as cuda  # noqa: E402
+
+_cuda_rt.get_device_attribute = lambda *a, **k: 228 * 1024  # no driver here: H100/H200 shared memory per SM
+
+from kernels.cute import fwd as F  # noqa: E402
+
+out = {}
+B, H, T, D = 1, 2, 1000, 128
+n = -(-T // F.BS)
+x = torch.zeros(B, H, T, D, dtype=torch.bfloat16)
+kb = torch.zeros(B, H, n, D, dtype=torch.bfloat16)
+hb = torch.zeros(B, H, D, D, dtype=torch.bfloat16)
+vb = torch.zeros(B, H, n, n, dtype=torch.float16)
+idx = torch.zeros(B, H, n, 4, dtype=torch.int32)
+for approx in (False, True):
+    for f in os.listdir(dump):
+        os.remove(os.path.join(dump, f))
+    args = [F._cute(t) for t in (x, x, x, x, kb, kb, hb)]
+    args += [F.from_dlpack(vb, assumed_align=2).mark_layout_dynamic(leading_dim=3),
+              F.from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3)]
+    scal = [cutlass.Int32(1), cutlass.Float32(0.1), cutlass.Float32(0.1)]
+    t0 = time.perf_counter()
+    fn = F.cute.compile(F.PiecewiseSparseFwdSm90(approx, 5, D), *args, *scal, cuda.CUstream(0))
+    rec = {"compiled": fn is not None, "seconds": round(time.perf_counter() - t0, 2)}
+    ptx = [f for f in os.listdir(dump) if f.endswith(".ptx")]
+    ptxas = shutil.which("ptxas")
+    if ptx and ptxas:
+        p = subprocess.run([ptxas, "-arch=sm_90a", "-v", os.path.join(dump, ptx[0]), "-o", os.devnull],
+                           capture_output=True, text=True, timeout=600)
+        txt = p.stdout + p.stderr
+        m = re.search(r"Used (\d+) registers", txt)
+        s = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", txt)
+        rec["ptxas_rc"] = p.returncode
+        rec["registers"] = int(m.group(1)) if m else None
+        rec["spill_bytes"] = (int(s.group(1)) + int(s.group(2))) if s else None
+    out["pisa/pwt" if approx else "drop"] = rec
+shutil.rmtree(dump, ignore_errors=True)
+print("RESULTS_JSON " + json.dumps(out), flush=True)
