@@ -210,6 +210,8 @@ def _require():
         raise RuntimeError(f"cute backend unavailable: {_IMPORT_ERROR}")
     if _kt._IMPORT_ERROR is not None:
         raise RuntimeError(f"cute backend unavailable: the triton backend failed to import ({_kt._IMPORT_ERROR})")
+    if not available():  # the DSL imports but there is no GPU: say so instead of failing deep in a launch
+        raise RuntimeError(f"cute backend unavailable: {unavailable_reason(None, None)}")
 
 
 def forward(q, k, v, cfg: SparseConfig):
