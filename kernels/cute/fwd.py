@@ -30,14 +30,17 @@ overlaps the other's tensor-core work. Every rescale of the running max multipli
 What bounds it (H200, Wan2.1-14B 480p, density 0.125, attention only): drop 5.85 ms = 2.75 TFLOP at
 470 TFLOP/s, and time is linear in the routed tiles (d 0.25: 11.9 ms, d 0.5: 23.6 ms). Each 64-row query
 block streams its own K/V tiles: 20480 query blocks x 64 tiles x 32 KiB = 42.9 GB from L2 per call,
-7.3 TB/s, about the L2-to-SM bandwidth of the chip; the Triton kernel (same 64-row tiles) lands at the
-same place. Measured and not kept: (1) two query blocks per CTA streaming the union of their lists (each
+7.3 TB/s, near the L2-to-SM bandwidth of the chip, and the Triton kernel (same 64-row tiles) lands at the
+same place; but (1) below hints that the consumer's per-tile cost matters as much: the paired kernel ran
+only ~5% faster on inputs whose union streams 32% fewer tiles. Not profiled; which of the two binds is
+open. Measured and not kept: (1) two query blocks per CTA streaming the union of their lists (each
 shared tile loaded once; on DiT-like Morton-ordered inputs the union is 0.68 of the two lists): 6.75-7.2
 ms vs 5.97 ms for one block per CTA at the time, the two warpgroups wait on each other's stages and one
 CTA per SM leaves gaps; (2) a lazy running max (rescale only when it grows by 2^8): no measurable gain and
 P rounds differently (2e-3 from Triton instead of 2e-5). The software pipeline took drop from 5.97 to
-5.67-5.85 ms. Cutting the L2 traffic needs sharing tiles between query blocks (TMA multicast in a cluster
-of adjacent query blocks) or coarser routing, which MATH.md does not allow.
+5.67-5.85 ms. If L2 traffic binds, the way out is sharing tiles between query blocks (TMA multicast in a
+cluster of adjacent query blocks; coarser routing is not allowed by MATH.md); if the consumer binds, fewer
+fixed costs per FLOP (two routed blocks per 128-wide step, two consumer warpgroups in ping-pong).
 
 Shapes are runtime values (T, N, K, heads, batch): one compile per (variant family, stages) serves every
 shape (1.5-3.5 s on the first call in a process, compile_stats()); cutlass-dsl also keeps compiled
