@@ -6,6 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gpu_common import cfg_of, compiled_block, rel, rnd
+
 
 def _skip_reason():
     if not torch.cuda.is_available():
@@ -28,21 +30,6 @@ pytestmark = pytest.mark.gpu
 REF_TOL = 3e-3     # bf16 output vs the float64 reference (issue 6)
 TRITON_TOL = 2e-3  # cute vs triton under identical routing (issue 6)
 SDPA_TOL = 3e-3    # density 1 vs SDPA
-
-
-def rnd(shape, dtype=torch.bfloat16, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    return torch.randn(*shape, device="cuda", generator=g, dtype=torch.float32).to(dtype)
-
-
-def rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
-def cfg_of(D, density, variant, band=1, sinks=0, cov=False):
-    from kernels.config import SparseConfig
-    return SparseConfig(density=density, variant=variant, band=band, n_sink_blocks=sinks, cov_bias=cov,
-                        scale=D ** -0.5)
 
 
 def check_against_reference(q, k, v, cfg, ref_tol=REF_TOL):
@@ -200,19 +187,9 @@ def test_compile_stats_report_the_first_call_cost():
 def test_compiled_module_has_no_graph_break():
     from kernels import cute as kc
 
-    class Block(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.proj = torch.nn.Linear(128, 128, device="cuda", dtype=torch.bfloat16)
-
-        def forward(self, x):
-            return kc.forward(self.proj(x), x, x, cfg_of(128, 0.25, "pwt")) + 1
-
-    m = Block()
-    x = rnd((1, 2, 700, 128))
-    assert torch._dynamo.explain(m)(x).graph_break_count == 0
-    y = torch.compile(m, fullgraph=True)(x)
-    assert rel(y, m(x)) <= 1e-3
+    breaks, y, ref = compiled_block(kc.forward, 128)
+    assert breaks == 0
+    assert rel(y, ref) <= 1e-3
 
 
 @pytest.mark.parametrize("variant", ["pwt", "drop"])

@@ -5,26 +5,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gpu_common import cfg_of, compiled_block, rel, rnd
+
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 # a kernel's bf16 output may be at most this far (relative L2) from the float64 reference (issue 3)
 REL_TOL = {torch.bfloat16: 3e-3, torch.float16: 1e-3}
-
-
-def rnd(shape, dtype=torch.bfloat16, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    return torch.randn(*shape, device="cuda", generator=g, dtype=torch.float32).to(dtype)
-
-
-def rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
-def cfg_of(D, density, variant, band=1, sinks=0, cov=False):
-    from kernels.config import SparseConfig
-    return SparseConfig(density=density, variant=variant, band=band, n_sink_blocks=sinks, cov_bias=cov,
-                        scale=D ** -0.5)
 
 
 def check_against_reference(q, k, v, cfg):
@@ -100,16 +87,6 @@ def test_fused_morton_reorder_equals_separate_passes():
 def test_compiled_module_has_no_graph_break():
     from kernels import triton as kt
 
-    class Block(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.proj = torch.nn.Linear(64, 64, device="cuda", dtype=torch.bfloat16)
-
-        def forward(self, x):
-            return kt.forward(self.proj(x), x, x, cfg_of(64, 0.25, "pwt")) + 1
-
-    m = Block()
-    x = rnd((1, 2, 700, 64))
-    assert torch._dynamo.explain(m)(x).graph_break_count == 0
-    y = torch.compile(m, fullgraph=True)(x)
-    assert torch.equal(y, m(x))
+    breaks, y, ref = compiled_block(kt.forward, 64)
+    assert breaks == 0
+    assert torch.equal(y, ref)

@@ -173,10 +173,9 @@ def _attention(q, k, v, out, st, idx, vbias, cfg):
 
 
 def aligned16(x) -> bool:
-    """TMA needs a 16-byte aligned base and 16-byte multiples for every stride but the unit last one."""
-    es = x.element_size()
-    return (x.stride(-1) == 1 and x.data_ptr() % 16 == 0
-            and all((s * es) % 16 == 0 for s in x.stride()[:-1]))
+    """TMA needs a unit last stride, a 16-byte aligned base and 16-byte multiples for every other stride (the
+    Triton backend's tma_aligned; kernels.cute.fwd.aligned16 is the same check)."""
+    return x.stride(-1) == 1 and _kt._fwd.tma_aligned(x)
 
 
 def _forward_impl(q, k, v, cfg: SparseConfig, *, routing=None):

@@ -420,7 +420,7 @@ class PiecewiseSparseFwdSm90:
         for r in cutlass.range_constexpr(n_rows):
             new_max[r] = row_max[r]
         for e in cutlass.range_constexpr(cute.size(acc_s)):
-            r = self._row_slot_s(e)
+            r = self._row_slot_e(e)
             x = acc_s[e]
             if cutlass.const_expr(not virtual):
                 x = x * scale_log2
@@ -439,7 +439,7 @@ class PiecewiseSparseFwdSm90:
             psum[r] = 0.0
             gsum[r] = 0.0
         for e in cutlass.range_constexpr(cute.size(acc_s)):
-            r = self._row_slot_s(e)
+            r = self._row_slot_e(e)
             if cutlass.const_expr(not virtual):
                 p = cute.math.exp2(acc_s[e] * scale_log2 - new_max[r], fastmath=True)
                 psum[r] = psum[r] + p
@@ -462,13 +462,11 @@ class PiecewiseSparseFwdSm90:
     @cute.jit
     def _rescale_o(self, acc_o, alpha):
         for e in cutlass.range_constexpr(cute.size(acc_o)):
-            acc_o[e] = acc_o[e] * alpha[self._row_slot_o(e)]
+            acc_o[e] = acc_o[e] * alpha[self._row_slot_e(e)]
 
-    def _row_slot_s(self, e: int) -> int:
-        # WGMMA fp32 accumulator order per thread: (2 cols, 2 row halves, N/8 col groups)
-        return (e // 2) % 2
-
-    def _row_slot_o(self, e: int) -> int:
+    def _row_slot_e(self, e: int) -> int:
+        # row slot of accumulator element e (S or O): WGMMA fp32 order per thread is (2 cols, 2 row halves,
+        # N/8 col groups)
         return (e // 2) % 2
 
 # ---------------------------------------------------------------------------------------------- host glue
@@ -494,9 +492,23 @@ def check(q: torch.Tensor, cfg) -> str | None:
     return None
 
 
-def _aligned(x: torch.Tensor) -> bool:
-    es = x.element_size()
-    return x.data_ptr() % 16 == 0 and x.stride(-1) == 1 and all((s * es) % 16 == 0 for s in x.stride()[:-1])
+def aligned16(x: torch.Tensor) -> bool:
+    """What TMA needs: unit last stride, plus the Triton backend's check (16-byte aligned base and strides)."""
+    from ..triton.fwd import tma_aligned  # Triton is required by this backend anyway (statistics, routing)
+
+    return x.stride(-1) == 1 and tma_aligned(x)
+
+
+_placeholders: dict = {}
+
+
+def _bias_placeholder(device) -> torch.Tensor:
+    """The drop kernel never reads the bias rows, but its signature has them: one tiny tensor per device
+    instead of an allocation (and a memset launch) on every call."""
+    t = _placeholders.get(device)
+    if t is None:
+        t = _placeholders[device] = torch.zeros(1, 1, 1, 1, device=device, dtype=torch.float16)
+    return t
 
 
 def _cute(x: torch.Tensor, align: int = 16):
@@ -513,7 +525,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
     n_virt = n if (approx and cfg.budget(n) < n) else 0
     n_vt = -(-n_virt // BS)
     for name, x in (("q", q), ("k", k), ("v", v), ("out", out)):
-        if not _aligned(x):
+        if not aligned16(x):
             raise ValueError(f"cute backend: {name} needs 16-byte aligned strides and base (TMA)")
     stages = kv_stages or int(os.environ.get("PSA_CUTE_STAGES", "5"))
     if approx:
@@ -522,7 +534,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
     else:  # unused by the drop kernel, but the signature is fixed: tiny placeholders of the right rank
         kb = vm = q[:, :, :BS]
         hb = q[:, :, :D]
-        vb = torch.zeros(1, 1, 1, 1, device=q.device, dtype=torch.float16)
+        vb = _bias_placeholder(q.device)
     key = (approx, stages, str(q.dtype), D)
     args = [_cute(x) for x in (q, k, v, out, kb, vm, hb)]
     args += [from_dlpack(vb.detach(), assumed_align=2).mark_layout_dynamic(leading_dim=3),

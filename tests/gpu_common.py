@@ -1,0 +1,36 @@
+"""Helpers shared by the GPU test modules (test_triton_gpu.py, test_cute_gpu.py): seeded inputs on the current
+CUDA device, relative L2 error, a SparseConfig shorthand, and the torch.compile check of a small module that
+calls a backend's forward."""
+import torch
+
+
+def rnd(shape, dtype=torch.bfloat16, seed=0, device="cuda"):
+    g = torch.Generator(device=device).manual_seed(seed)
+    return torch.randn(*shape, device=device, generator=g, dtype=torch.float32).to(dtype)
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def cfg_of(D, density, variant, band=1, sinks=0, cov=False):
+    from kernels.config import SparseConfig
+    return SparseConfig(density=density, variant=variant, band=band, n_sink_blocks=sinks, cov_bias=cov,
+                        scale=D ** -0.5)
+
+
+def compiled_block(forward, D, density=0.25, variant="pwt", T=700, device="cuda"):
+    """(graph breaks, compiled output, eager output) of Linear -> forward(...) + 1 under torch.compile(fullgraph)."""
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(D, D, device=device, dtype=torch.bfloat16)
+
+        def forward(self, x):
+            return forward(self.proj(x), x, x, cfg_of(D, density, variant)) + 1
+
+    m = Block()
+    x = rnd((1, 2, T, D), device=device)
+    breaks = torch._dynamo.explain(m)(x).graph_break_count
+    return breaks, torch.compile(m, fullgraph=True)(x), m(x)
