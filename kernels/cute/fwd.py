@@ -28,7 +28,8 @@ overlaps the other's tensor-core work. Every rescale of the running max multipli
 (numerator, denominator and the first-order weight), as ../../shared/MATH.md requires.
 
 What bounds it (H200, Wan2.1-14B 480p, density 0.125, attention only): drop 5.85 ms = 2.75 TFLOP at
-470 TFLOP/s, and time is linear in the routed tiles (d 0.25: 11.9 ms, d 0.5: 23.6 ms). Each 64-row query
+470 TFLOP/s (bench/cute_check.py), and time is linear in the routed tiles (bench_cute.py: 6.58, 11.93 and
+23.58 ms at density 0.125, 0.25, 0.5; bench/results/cute_iterations_h200.md has every version measured). Each 64-row query
 block streams its own K/V tiles: 20480 query blocks x 64 tiles x 32 KiB = 42.9 GB from L2 per call,
 7.3 TB/s, near the L2-to-SM bandwidth of the chip, and the Triton kernel (same 64-row tiles) lands at the
 same place; but (1) below hints that the consumer's per-tile cost matters as much: the paired kernel ran
