@@ -58,9 +58,11 @@ for approx in (False, True):
         txt = p.stdout + p.stderr
         m = re.search(r"Used (\d+) registers", txt)
         s = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", txt)
+        f = re.search(r"(\d+) bytes stack frame", txt)
         rec["ptxas_rc"] = p.returncode
         rec["registers"] = int(m.group(1)) if m else None
         rec["spill_bytes"] = (int(s.group(1)) + int(s.group(2))) if s else None
+        rec["stack_bytes"] = int(f.group(1)) if f else None
     out["pisa/pwt" if approx else "drop"] = rec
 shutil.rmtree(dump, ignore_errors=True)
 print("RESULTS_JSON " + json.dumps(out), flush=True)

@@ -15,33 +15,41 @@ CTA = one 64-token query block i of one (batch, head), matching the routing gran
 block), 2 warpgroups:
   * warpgroup 0, warp 0 (producer, 40 registers): TMA loads of Q_i, then for every routed block j in S_i
     the K_j and V_j tiles, then the k-bar / value-mean tiles of all KV blocks (virtual tokens, pisa/pwt)
-    and the two H-bar tiles, all through one 5-stage mbarrier pipeline of 16 KiB tiles;
+    and the two H-bar tiles, all through one 4-stage mbarrier pipeline of 16 KiB tiles;
   * warpgroup 1 (consumer, 216 registers): S = Q K^T on WGMMA (m64n64k16, both operands in shared
     memory), online softmax in registers (exp2, scale folded in, one running max shared by all terms),
     O += P V on WGMMA with P from registers (m64n128k16). The exact loop is software-pipelined as in
-    FlashAttention-3: S_n = Q K_n^T is issued together with P_{n-1} V_{n-1}, and the softmax of S_n runs
-    while the P V product is still on the tensor cores. Virtual tiles add the bias row (-inf for an exact
+    FlashAttention-3: S_n = Q K_n^T is issued together with P_{n-1} V_{n-1}, so the tensor cores run
+    both back to back (what overlaps the softmax: below). Virtual tiles add the bias row (-inf for an exact
     block, the gated PWT bonus otherwise), weight P by the real token counts n_j, and load their bias
     before the GEMM so the loads overlap it.
-Two CTAs share an SM (launch bound 2 x 256 threads, ~97 KiB shared memory each), so one CTA's softmax
+Two CTAs share an SM (launch bound 2 x 256 threads, ~81 KiB shared memory each), so one CTA's softmax
 overlaps the other's tensor-core work. Every rescale of the running max multiplies all accumulated mass
 (numerator, denominator and the first-order weight), as ../../shared/MATH.md requires.
 
-What bounds it (H200, Wan2.1-14B 480p, density 0.125, attention only): drop 5.85 ms = 2.75 TFLOP at
-470 TFLOP/s (bench/cute_check.py), and time is linear in the routed tiles (bench_cute.py: 6.58, 11.93 and
-23.58 ms at density 0.125, 0.25, 0.5; bench/results/cute_iterations_h200.md has every version measured). Each 64-row query
-block streams its own K/V tiles: 20480 query blocks x 64 tiles x 32 KiB = 42.9 GB from L2 per call,
-7.3 TB/s, near the L2-to-SM bandwidth of the chip, and the Triton kernel (same 64-row tiles) lands at the
-same place; but (1) below hints that the consumer's per-tile cost matters as much: the paired kernel ran
-only ~5% faster on inputs whose union streams 32% fewer tiles. Not profiled; which of the two binds is
-open. Measured and not kept: (1) two query blocks per CTA streaming the union of their lists (each
-shared tile loaded once; on DiT-like Morton-ordered inputs the union is 0.68 of the two lists): 6.75-7.2
-ms vs 5.97 ms for one block per CTA at the time, the two warpgroups wait on each other's stages and one
-CTA per SM leaves gaps; (2) a lazy running max (rescale only when it grows by 2^8): no measurable gain and
-P rounds differently (2e-3 from Triton instead of 2e-5). The software pipeline took drop from 5.97 to
-5.67-5.85 ms. If L2 traffic binds, the way out is sharing tiles between query blocks (TMA multicast in a
-cluster of adjacent query blocks; coarser routing is not allowed by MATH.md); if the consumer binds, fewer
-fixed costs per FLOP (two routed blocks per 128-wide step, two consumer warpgroups in ping-pong).
+What bounds it (H200, Wan2.1-14B 480p, density 0.125, attention only, random inputs; every number below is
+in bench/results/cute_iterations_h200.md). Each 64-row query block streams its own K/V tiles: 20480 query
+blocks x 64 tiles x 32 KiB = 42.9 GB from L2 per call. Two probe builds of this kernel split the time: the
+tile stream alone (the consumer waits for and releases every stage, computes nothing) takes 4.80-4.82 ms
+(8.9 TB/s, the same at 4 and 5 stages, so bandwidth rather than latency), the consumer alone (every GEMM and
+softmax on one resident tile) 4.85 ms; this kernel runs drop in 5.6-5.9 ms (bench_cute: 5.93 ms), pwt in
+6.8-7.2 ms. Nsight Compute (clocks locked): the top stall is waiting for TMA tiles (long scoreboard), L2 at
+65% of peak, tensor pipe at 57%. So drop sits within ~20% of the stream floor and the Triton kernel (same
+64-row tiles, 6.5 ms) within ~35%; a further large step needs fewer bytes per call: coarser routing blocks,
+which MATH.md does not allow, or tiles shared between query blocks (TMA multicast in a cluster), which only
+pays on inputs whose adjacent lists overlap (0.68 union on DiT-like Morton inputs, ~0.94 on random ones).
+Kept: the software pipeline (drop 5.97 -> 5.67-5.85 ms); the list read by warp ballots (one load per lane,
+the partial last block's list position found once, so the loop reads no global memory) and compile-time row
+slots everywhere (no local memory), together 7.17 -> 6.51 ms under ncu; the running max of raw scores
+scaled once per row, and the output rescale skipped per row when the max did not move (exactly alpha = 1);
+4 stages (3% faster than 5 once the loop stopped reading memory). Measured and not kept: (1) two query
+blocks per CTA streaming the union of their lists: 6.75-7.2 ms vs 5.97 ms, the two warpgroups wait on each
+other's stages and one CTA per SM leaves gaps; (2) a lazy running max (rescale only when it grows by 2^8):
+no gain, P rounds differently (2e-3 from Triton instead of 2e-5); (3) an exact loop that never waits for the
+P V product (P double-buffered, V released a step late, rescale behind a warpgroup vote): bit-identical,
+but 6.75 ms vs 5.71 ms. In the kept loop ptxas hoists the wait for P V to the top of the softmax block
+(SASS), so a warpgroup's softmax does not overlap its own P V product; S_n and P_{n-1} V_{n-1} go to the
+tensor cores back to back, and the softmax overlaps the other CTA's GEMMs on the same SM.
 
 Shapes are runtime values (T, N, K, heads, batch): one compile per (variant family, stages) serves every
 shape (1.5-3.5 s on the first call in a process, compile_stats()); cutlass-dsl also keeps compiled
@@ -260,11 +268,22 @@ class PiecewiseSparseFwdSm90:
             alpha = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
             acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
             tOrP = cute.make_rmem_tensor(pv_thr.partition_shape_A(self.pv_tiler[::2]), mO.element_type)
-            # routed blocks come first in the list, -1 padding after them
+            # routed blocks come first in the list, -1 padding after them. Each warp reads the list 32 entries
+            # at a time (one load per lane) and counts by ballot; kk_tail = the list position of the partial
+            # last KV block (T not a multiple of 64), -1 if none, so the loop masks without reading the list
+            lane = cute.arch.lane_idx()
             n_valid = cutlass.Int32(0)
-            for kk in cutlass.range(n_sel, unroll=1):
-                if mIdx[i_b, i_h, i_q, kk] >= 0:
-                    n_valid = n_valid + 1
+            kk_tail = cutlass.Int32(-1)
+            for c in cutlass.range(0, n_sel, 32, unroll=1):
+                jv = cutlass.Int32(-1)
+                if c + lane < n_sel:
+                    jv = mIdx[i_b, i_h, i_q, c + lane]
+                n_valid = n_valid + cute.arch.popc(cute.arch.vote_ballot_sync(jv >= 0))
+                tb = cute.arch.vote_ballot_sync(jv == n_kv - 1)
+                if tb != 0:
+                    kk_tail = c + 31 - cutlass.Int32(cute.arch.clz(tb))
+            if rem >= BS:
+                kk_tail = cutlass.Int32(-1)
             if n_valid > 0:
                 # software pipeline (FlashAttention-3 style, within the warpgroup): while P_{n-1} V_{n-1}
                 # runs on the tensor cores, the softmax of S_n = Q K_n^T runs on the other units
@@ -272,7 +291,7 @@ class PiecewiseSparseFwdSm90:
                 self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, kh0.index)])
                 warpgroup.wait_group(0)
                 kh0.release()
-                self._mask_tail(acc_s, tScS, mIdx[i_b, i_h, i_q, 0], n_kv, rem)
+                self._mask_tail(acc_s, tScS, kk_tail == 0, rem)
                 self._online_softmax(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, False, None, alpha, True)
                 self._to_p(acc_s, tOrP)
                 for kk in cutlass.range(1, n_valid, unroll=1):
@@ -282,7 +301,7 @@ class PiecewiseSparseFwdSm90:
                     self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, vh.index)])
                     warpgroup.wait_group(1)  # S_n ready; P_{n-1} V_{n-1} may still run
                     kh.release()
-                    self._mask_tail(acc_s, tScS, mIdx[i_b, i_h, i_q, kk], n_kv, rem)
+                    self._mask_tail(acc_s, tScS, kk_tail == kk, rem)
                     self._online_softmax(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, False, None, alpha,
                                          False)
                     warpgroup.wait_group(0)
@@ -346,8 +365,7 @@ class PiecewiseSparseFwdSm90:
                     for r in cutlass.range_constexpr(n_rows):
                         row_g[r] = self._quad_sum(row_g[r])
                     for e in cutlass.range_constexpr(cute.size(acc_o)):
-                        r = self._row_slot(tOcO[e][0])
-                        acc_o[e] = acc_o[e] + acc_h[e] * (scale * row_g[r])
+                        acc_o[e] = acc_o[e] + acc_h[e] * (scale * row_g[self._row_slot_e(e)])
             # epilogue: normalise, store the rows that exist
             for r in cutlass.range_constexpr(n_rows):
                 row_sum[r] = self._quad_sum(row_sum[r])
@@ -355,7 +373,7 @@ class PiecewiseSparseFwdSm90:
                 row = tOcO[e][0]
                 t_row = i_q * BS + row
                 if t_row < T:
-                    mO[t_row, tOcO[e][1], hb] = (acc_o[e] / row_sum[self._row_slot(row)]).to(mO.element_type)
+                    mO[t_row, tOcO[e][1], hb] = (acc_o[e] / row_sum[self._row_slot_e(e)]).to(mO.element_type)
         return
 
     # ------------------------------------------------------------------ helpers
@@ -382,22 +400,16 @@ class PiecewiseSparseFwdSm90:
         warpgroup.commit_group()
 
     @cute.jit
-    def _mask_tail(self, acc_s, tScS, j, n_kv, rem):
-        if j == n_kv - 1:
-            if rem < BS:
-                for e in cutlass.range_constexpr(cute.size(acc_s)):
-                    if tScS[e][1] >= rem:
-                        acc_s[e] = -cutlass.Float32.inf
+    def _mask_tail(self, acc_s, tScS, is_tail, rem):
+        if is_tail:
+            for e in cutlass.range_constexpr(cute.size(acc_s)):
+                if tScS[e][1] >= rem:
+                    acc_s[e] = -cutlass.Float32.inf
 
     @cute.jit
     def _to_p(self, acc_s, tOrP):
         as_acc = cute.make_tensor(tOrP.iterator, acc_s.layout)
         as_acc.store(acc_s.load().to(tOrP.element_type))
-
-    @cute.jit
-    def _row_slot(self, row):
-        # a thread holds rows lane // 4 (+ 16 x warp) and that + 8: slot 0 or 1
-        return (row // 8) % 2
 
     @cute.jit
     def _quad_sum(self, x):
@@ -420,12 +432,21 @@ class PiecewiseSparseFwdSm90:
         new_max = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
         for r in cutlass.range_constexpr(n_rows):
             new_max[r] = row_max[r]
-        for e in cutlass.range_constexpr(cute.size(acc_s)):
-            r = self._row_slot_e(e)
-            x = acc_s[e]
-            if cutlass.const_expr(not virtual):
-                x = x * scale_log2
-            new_max[r] = cute.arch.fmax(new_max[r], x)
+        if cutlass.const_expr(not virtual):
+            # max of the raw scores, scaled once per row: scale_log2 > 0 and rounding is monotone, so
+            # fl(s * max x) == max fl(s * x) exactly (32 multiplies fewer per tile)
+            raw_max = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
+            for r in cutlass.range_constexpr(n_rows):
+                raw_max[r] = -cutlass.Float32.inf
+            for e in cutlass.range_constexpr(cute.size(acc_s)):
+                r = self._row_slot_e(e)
+                raw_max[r] = cute.arch.fmax(raw_max[r], acc_s[e])
+            for r in cutlass.range_constexpr(n_rows):
+                new_max[r] = cute.arch.fmax(new_max[r], raw_max[r] * scale_log2)
+        else:
+            for e in cutlass.range_constexpr(cute.size(acc_s)):
+                r = self._row_slot_e(e)
+                new_max[r] = cute.arch.fmax(new_max[r], acc_s[e])
         for r in cutlass.range_constexpr(n_rows):
             m = self._quad_max(new_max[r])
             m_use = m
@@ -462,8 +483,12 @@ class PiecewiseSparseFwdSm90:
 
     @cute.jit
     def _rescale_o(self, acc_o, alpha):
-        for e in cutlass.range_constexpr(cute.size(acc_o)):
-            acc_o[e] = acc_o[e] * alpha[self._row_slot_e(e)]
+        # alpha is exactly 1 when the row max did not move (exp2(0)): skip the multiplies (per thread, per row)
+        for r in cutlass.range_constexpr(2):
+            if alpha[r] != 1.0:
+                for e in cutlass.range_constexpr(cute.size(acc_o)):
+                    if cutlass.const_expr(self._row_slot_e(e) == r):
+                        acc_o[e] = acc_o[e] * alpha[r]
 
     def _row_slot_e(self, e: int) -> int:
         # row slot of accumulator element e (S or O): WGMMA fp32 order per thread is (2 cols, 2 row halves,
@@ -528,7 +553,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
     for name, x in (("q", q), ("k", k), ("v", v), ("out", out)):
         if not aligned16(x):
             raise ValueError(f"cute backend: {name} needs 16-byte aligned strides and base (TMA)")
-    stages = kv_stages or int(os.environ.get("PSA_CUTE_STAGES", "5"))
+    stages = kv_stages or int(os.environ.get("PSA_CUTE_STAGES", "4"))
     if approx:
         kb, vm, hb = st.kbar_lp, st.vmean_lp, st.hbar_lp
         vb = vbias
