@@ -105,3 +105,16 @@ def test_api_morton_with_prefix_batch2_transposed_views_on_triton(res):
 def test_bfloat16_declined_under_the_interpreter(res):
     r = get(res, "bfloat16_under_interpreter")
     assert r["reason"] and "bfloat16" in r["reason"] and r["float16_ok"]
+
+
+def test_head_chunks_equal_one_pass_and_the_scratch_estimate_is_what_is_allocated(res):
+    """Head chunking (to bound scratch) changes the output only by float16 rounding (the split-K sum of H-bar
+    splits differently with fewer heads; drop, without H-bar, is bit-exact), and the per-head estimate the
+    chunk size comes from is exactly the bytes statistics + routing allocate."""
+    r = get(res, "head_chunks_equal_one_pass_and_scratch_is_counted")
+    assert r["drop"]["max_abs_diff"] == 0.0, r["drop"]
+    for var in ("pwt", "pisa", "drop"):
+        assert r[var]["rel"] < 1e-3, (var, r[var])
+        assert r[var]["scratch_estimate"] == r[var]["scratch_actual"], (var, r[var])
+    assert r["wan14b_pwt_hc"] == 20 and r["wan14b_drop_hc"] == 40, r  # 2 even chunks / one pass
+    assert r["hc_41_heads"] == 21, r  # 41 heads: 21 + 20, not 32 + 9

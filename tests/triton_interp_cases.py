@@ -108,6 +108,36 @@ def _():
     return r0
 
 
+@case("head_chunks_equal_one_pass_and_scratch_is_counted")
+def _():
+    out = {}
+    for var, cov in (("pwt", False), ("pisa", True), ("drop", False)):
+        q, k, v = (rnd(2, 3, 200, 64, seed=80 + s, dtype=torch.float16) for s in range(3))
+        cfg = cfg_of(64, 0.3, var, band=1, cov=cov)
+        whole = kt._forward_impl(q, k, v, cfg, scratch=0)  # scratch <= 0: all heads in one chunk
+        orig = kt._heads_per_chunk
+        try:
+            kt._heads_per_chunk = lambda *a: 1  # one head per chunk
+            chunked = kt._forward_impl(q, k, v, cfg)
+        finally:
+            kt._heads_per_chunk = orig
+        # the bytes block_stats + route allocate for these heads against the estimate the chunking uses
+        st = stats.block_stats(q, k, v, cfg)
+        idx, vbias = stats.route(st, cfg, q.dtype)
+        held = [x for x in (st.kbar, st.qbar, st.q2, st.ksig2, st.kbar_lp, st.vmean_lp, st.hbar, st.hbar_lp,
+                            st.hnorm, idx, vbias) if x is not None]
+        actual = sum(x.numel() * x.element_size() for x in held)
+        est = 2 * 3 * kt.scratch_bytes_per_head(200, 64, cfg, 2, idx.shape[-1])
+        out[var] = {"max_abs_diff": (whole.float() - chunked.float()).abs().max().item(),
+                    "rel": rel(chunked, whole),
+                    "scratch_actual": actual, "scratch_estimate": est}
+    # Wan2.1-14B 480p, bf16: heads spread evenly over the fewest chunks under the 64 MiB floor
+    out["wan14b_pwt_hc"] = kt._heads_per_chunk(1, 40, 32760, 128, cfg_of(128, 0.125, "pwt"), 2, 67, 0.10)
+    out["wan14b_drop_hc"] = kt._heads_per_chunk(1, 40, 32760, 128, cfg_of(128, 0.125, "drop"), 2, 67, 0.10)
+    out["hc_41_heads"] = kt._heads_per_chunk(1, 41, 32760, 128, cfg_of(128, 0.125, "pwt"), 2, 67, 0.10)
+    return out
+
+
 @case("density_one_equals_sdpa")
 def _():
     q, k, v = (rnd(1, 2, 130, 64, seed=60 + s) for s in range(3))

@@ -85,16 +85,35 @@ def _scratch_fraction() -> float:
 
 
 def _heads_per_chunk(B, H, T, D, cfg, elem_bytes, K, frac) -> int:
-    """Largest head chunk whose statistics + routing scratch stays under max(frac x bytes(q), 64 MiB): the
-    floor keeps small problems in one chunk, where launch overhead, not memory, is what a chunk costs."""
+    """Heads per chunk so that statistics + routing scratch stays under max(frac x bytes(q), 64 MiB); the
+    floor keeps small problems in one chunk, where launch overhead, not memory, is what a chunk costs.
+
+    The per-head bytes are what block_stats and route allocate (scratch_bytes_per_head); the heads are then
+    spread evenly over the fewest chunks (no small last chunk: each chunk is one launch of every kernel)."""
+    per_head = B * scratch_bytes_per_head(T, D, cfg, elem_bytes, K)
+    budget = max(frac * B * H * T * D * elem_bytes, 64 * 2**20)
+    hc = max(1, min(H, int(budget // max(1, per_head))))
+    n_chunks = -(-H // hc)
+    return -(-H // n_chunks)
+
+
+def scratch_bytes_per_head(T, D, cfg, elem_bytes, K) -> int:
+    """Bytes of statistics and routing one (batch, head) needs: float32 k-bar / q-bar (+ q^2, k-sigma^2 for
+    pwt), the low-precision k-bar / value means, H-bar (float32 + low precision; pisa, pwt or cov_bias), the
+    cov_bias norms; then the routing: in the Triton kernel only its outputs (the [N, K] int32 list and the
+    [N, N] bias rows, scores stay in registers); on the torch path (N above the kernel's limit) also its
+    float32 score (+ w and the gate for pwt) and the top-k / sort temporaries."""
     n = -(-T // cfg.block_size)
     pwt = cfg.variant == "pwt"
-    stats = n * D * (8 + 2 * elem_bytes + (8 if pwt else 0)) + D * D * (4 + elem_bytes)
-    # float32 score (+ float32 w and the gate for pwt), the float16 bias rows, top-k and sort temporaries
-    routing = n * n * (6 + (5 if pwt else 0)) + n * K * 36
-    per_head = B * (stats + routing)
-    budget = max(frac * B * H * T * D * elem_bytes, 64 * 2**20)
-    return max(1, min(H, int(budget // max(1, per_head))))
+    need_h = cfg.variant in ("pisa", "pwt") or cfg.cov_bias
+    stats = (n * D * (8 + 2 * elem_bytes + (8 if pwt else 0)) + (D * D * (4 + elem_bytes) if need_h else 0)
+             + (4 * n if cfg.cov_bias else 0))
+    bias_bytes = 2 if elem_bytes == 2 else 4
+    if _stats.route_in_kernel(n):
+        routing = n * n * bias_bytes + n * K * 4
+    else:
+        routing = n * n * (4 + bias_bytes + (5 if pwt else 0)) + n * K * 36
+    return stats + routing
 
 
 def _contig_last(x):

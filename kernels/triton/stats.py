@@ -338,7 +338,7 @@ def route(st: TritonStats, cfg: SparseConfig, dtype: torch.dtype):
     summation order. NP2 (N rounded up to a power of two) is a compile constant: one compile per octave."""
     B, HC, n, D = st.kbar.shape
     np2 = max(16, triton.next_power_of_2(n))
-    if np2 > _ROUTE_KERNEL_MAX_N or _route_failed:
+    if not route_in_kernel(n):
         return route_torch(st, cfg, dtype)
     k = cfg.budget(n)
     kmax = max(k, _max_forced(n, cfg.band, cfg.n_sink_blocks))
@@ -367,6 +367,11 @@ def route(st: TritonStats, cfg: SparseConfig, dtype: torch.dtype):
 # above this many KV blocks (T > 65536 at Bs 64) the [16, NP2] score rows would spill: torch routing
 _ROUTE_KERNEL_MAX_N = 1024
 _route_failed = False
+
+
+def route_in_kernel(n: int) -> bool:
+    """Whether route() takes the Triton kernel (scores in registers) for N KV blocks, or torch."""
+    return max(16, triton.next_power_of_2(n)) <= _ROUTE_KERNEL_MAX_N and not _route_failed
 
 
 def _set_route_failed(e):
