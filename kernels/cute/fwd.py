@@ -37,7 +37,8 @@ softmax on one resident tile) 4.85 ms; this kernel runs drop in 5.6-5.9 ms (benc
 65% of peak, tensor pipe at 57%. So drop sits within ~20% of the stream floor and the Triton kernel (same
 64-row tiles, 6.5 ms) within ~35%; a further large step needs fewer bytes per call: coarser routing blocks,
 which MATH.md does not allow, or tiles shared between query blocks (TMA multicast in a cluster), which only
-pays on inputs whose adjacent lists overlap (0.68 union on DiT-like Morton inputs, ~0.94 on random ones).
+pays on inputs whose adjacent lists overlap (their union is 0.68 of the two lists on DiT-like Morton
+inputs, ~1.0 measured on random ones).
 Kept: the software pipeline (drop 5.97 -> 5.67-5.85 ms); the list read by warp ballots (one load per lane,
 the partial last block's list position found once, so the loop reads no global memory) and compile-time row
 slots everywhere (no local memory), together 7.17 -> 6.51 ms under ncu; the running max of raw scores
