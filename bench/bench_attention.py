@@ -69,6 +69,21 @@ def ms(fn, rep=200):
     return do_bench(fn, warmup=25, rep=rep, return_mode="median")
 
 
+def event_ms(fn, n=10):
+    """Mean ms of n back-to-back calls between two CUDA events, one call outside the timing (no L2 flush
+    between calls, unlike ms()): the protocol of bench/cute_check.py and bench/probes/."""
+    fn()
+    torch.cuda.synchronize()
+    s = torch.cuda.Event(enable_timing=True)
+    e = torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(n):
+        fn()
+    e.record()
+    torch.cuda.synchronize()
+    return s.elapsed_time(e) / n
+
+
 def cfg_of(D, density, variant, band=1, sinks=0, cov=False):
     return SparseConfig(density=density, variant=variant, band=band, n_sink_blocks=sinks, cov_bias=cov,
                         block_size=64, scale=D ** -0.5)

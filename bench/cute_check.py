@@ -2,14 +2,13 @@
 also vs SDPA), then Wan2.1-14B attention-only times over the pipeline depth and the full operator, on random and
 DiT-like Morton-ordered inputs.  Usage (repo root, H200, nvidia-cutlass-dsl importable): python3 bench/cute_check.py
 [all|correct|perf]"""
-import os, sys, time, json, traceback
+import os, sys, time, traceback
 sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch
 from kernels.config import SparseConfig
 from kernels.triton import prepare
 from kernels.triton import fwd as TF
-from kernels import reference as R
-from kernels.routing import Routing
 t0 = time.time()
 from kernels.cute import fwd as CF
 print("import cute", time.time() - t0, flush=True)
@@ -54,13 +53,7 @@ if mode in ("all", "perf"):
     qd, kd, vd = (apply_reorder(x, perm, 0).contiguous() for x in dit_like_qkv((21, 30, 52), heads=H, head_dim=128, dtype=torch.bfloat16, device=dev))
     qr = torch.randn(B, H, T, 128, device=dev, dtype=torch.bfloat16)
     kr = torch.randn_like(qr); vr = torch.randn_like(qr)
-    def timeit(f, n=10):
-        f(); torch.cuda.synchronize()
-        s = torch.cuda.Event(enable_timing=True); e = torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(n): f()
-        e.record(); torch.cuda.synchronize()
-        return s.elapsed_time(e) / n
+    from bench_attention import event_ms as timeit
     import kernels.cute as KC, kernels.triton as KT
     for data, (q, k, v) in (("random", (qr, kr, vr)), ("ditlike-morton", (qd, kd, vd))):
      for variant in ("pwt", "drop"):

@@ -3,18 +3,15 @@ the measurement behind kernels.triton._heads_per_chunk (bench/results/cute_itera
 root on an SM90 GPU with nvidia-cutlass-dsl: python bench/probes/head_chunks.py"""
 import os, sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench_attention import event_ms  # noqa: E402
 import torch
 import kernels.triton as kt
 import kernels.cute as kc
 from kernels.config import SparseConfig
 orig = kt._heads_per_chunk
 def timeit(f, n=20):
-    f(); torch.cuda.synchronize()
-    s = torch.cuda.Event(enable_timing=True); e = torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(n): f()
-    e.record(); torch.cuda.synchronize()
-    return s.elapsed_time(e) / n
+    return event_ms(f, n)
 for T, H in ((32760, 40),):
     q = torch.randn(1, H, T, 128, device="cuda", dtype=torch.bfloat16); k = torch.randn_like(q); v = torch.randn_like(q)
     for variant in ("pwt", "drop"):

@@ -1,7 +1,9 @@
 """torch.sort of the top-k lists as int64 / int16 / int32 at the 720p chunk shape, and the 720p pwt Triton full operator
 with the old (int64) and new (int16) sort. From the repository root on a CUDA GPU: python bench/probes/route_sort_720p.py"""
-import os, sys, math
+import os, sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench_attention import event_ms  # noqa: E402
 import torch
 import kernels.triton as kt
 from kernels.triton import stats as S
@@ -17,13 +19,7 @@ def old_rt(st, cfg, dtype):
         return new_rt(st, cfg, dtype)
     finally:
         torch.sort = orig_sort
-def timeit(f, n=10):
-    f(); torch.cuda.synchronize()
-    s = torch.cuda.Event(enable_timing=True); e = torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(n): f()
-    e.record(); torch.cuda.synchronize()
-    return s.elapsed_time(e) / n
+timeit = event_ms
 top = torch.randint(0, 1182, (1, 3, 1182, 148), device="cuda")
 print(f"sort [1,3,1182,148]: int64 {timeit(lambda: torch.sort(top, dim=-1), 50)*1e3:.1f} us, int16 {timeit(lambda: torch.sort(top.to(torch.int16), dim=-1), 50)*1e3:.1f} us, int32 {timeit(lambda: torch.sort(top.to(torch.int32), dim=-1), 50)*1e3:.1f} us", flush=True)
 T, H = 75600, 40

@@ -11,26 +11,15 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository root (kernels)
+sys.path.insert(0, os.path.dirname(HERE))  # bench/ (bench_attention)
+sys.path.insert(0, HERE)  # fwd_probe.py
 
 import torch  # noqa: E402
 
 from kernels.config import SparseConfig  # noqa: E402
 from kernels.triton import prepare  # noqa: E402
-
-
-def timeit(f, n=10):
-    f()
-    torch.cuda.synchronize()
-    s = torch.cuda.Event(enable_timing=True)
-    e = torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(n):
-        f()
-    e.record()
-    torch.cuda.synchronize()
-    return s.elapsed_time(e) / n
+from bench_attention import event_ms as timeit  # noqa: E402
 
 
 def main():
