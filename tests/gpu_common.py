@@ -1,6 +1,6 @@
 """Helpers shared by the GPU test modules (test_triton_gpu.py, test_cute_gpu.py): seeded inputs on the current
-CUDA device, relative L2 error, a SparseConfig shorthand, and the torch.compile check of a small module that
-calls a backend's forward."""
+CUDA device, relative L2 error, a SparseConfig shorthand, the float64 reference with its routing, and the
+torch.compile check of a small module that calls a backend's forward."""
 import torch
 
 
@@ -17,6 +17,17 @@ def cfg_of(D, density, variant, band=1, sinks=0, cov=False):
     from kernels.config import SparseConfig
     return SparseConfig(density=density, variant=variant, band=band, n_sink_blocks=sinks, cov_bias=cov,
                         scale=D ** -0.5)
+
+
+def float64_reference(q, k, v, cfg):
+    """(routing, output) of the float64 PyTorch reference on q, k, v: the routing a backend is then run under
+    (forward_with_routing) and the oracle its output is compared with."""
+    from kernels import reference
+    from kernels.routing import block_stats, route
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    st = block_stats(q64, k64, v64, cfg.block_size, need_hnorm=cfg.cov_bias)
+    r = route(st, cfg)
+    return r, reference.forward(q64, k64, v64, cfg, routing=r, stats=st)
 
 
 def compiled_block(forward, D, density=0.25, variant="pwt", T=700, device="cuda"):

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpu_common import cfg_of, compiled_block, rel, rnd
+from gpu_common import cfg_of, compiled_block, float64_reference, rel, rnd
 
 
 def _skip_reason():
@@ -35,13 +35,8 @@ SDPA_TOL = 3e-3    # density 1 vs SDPA
 def check_against_reference(q, k, v, cfg, ref_tol=REF_TOL):
     """cute vs the float64 reference and vs triton under one routing; then both production paths."""
     from kernels import cute as kc
-    from kernels import reference
     from kernels import triton as kt
-    from kernels.routing import block_stats, route
-    q64, k64, v64 = q.double(), k.double(), v.double()
-    st = block_stats(q64, k64, v64, cfg.block_size, need_hnorm=cfg.cov_bias)
-    r = route(st, cfg)
-    ref = reference.forward(q64, k64, v64, cfg, routing=r, stats=st)
+    r, ref = float64_reference(q, k, v, cfg)
     out = kc.forward_with_routing(q, k, v, cfg, r)
     assert out.shape == q.shape and out.dtype == q.dtype
     assert torch.isfinite(out).all()

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpu_common import cfg_of, compiled_block, rel, rnd
+from gpu_common import cfg_of, compiled_block, float64_reference, rel, rnd
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -15,13 +15,8 @@ REL_TOL = {torch.bfloat16: 3e-3, torch.float16: 1e-3}
 
 
 def check_against_reference(q, k, v, cfg):
-    from kernels import reference
     from kernels import triton as kt
-    from kernels.routing import block_stats, route
-    q64, k64, v64 = q.double(), k.double(), v.double()
-    st = block_stats(q64, k64, v64, cfg.block_size, need_hnorm=cfg.cov_bias)
-    r = route(st, cfg)
-    ref = reference.forward(q64, k64, v64, cfg, routing=r, stats=st)
+    r, ref = float64_reference(q, k, v, cfg)
     out = kt.forward_with_routing(q, k, v, cfg, r)
     assert out.shape == q.shape and out.dtype == q.dtype
     assert torch.isfinite(out).all()
