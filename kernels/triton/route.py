@@ -151,8 +151,13 @@ def _select_kernel(
     gt = b_key > b_t[:, None]
     eq = b_key == b_t[:, None]
     n_gt = tl.sum(gt.to(tl.int32), axis=1)
-    eq_rank = tl.cumsum(eq.to(tl.int32), axis=1)
-    sel = (gt | (eq & (eq_rank <= (k_i - n_gt)[:, None]))) & m_ij
+    n_eq = tl.sum(eq.to(tl.int32), axis=1)
+    take = k_i - n_gt  # how many of the blocks tied at the threshold are kept
+    if tl.max(n_eq - take, axis=0) > 0:
+        # a real tie across the threshold (rare): keep the lowest block ids among the tied
+        sel = (gt | (eq & (tl.cumsum(eq.to(tl.int32), axis=1) <= take[:, None]))) & m_ij
+    else:
+        sel = (gt | eq) & m_ij
     pos = tl.cumsum(sel.to(tl.int32), axis=1) - 1
     p_idx = IDX + (i_bh * N + o_i)[:, None].to(tl.int64) * NSEL
     tl.store(p_idx + pos, o_j[None, :] + 0 * pos, mask=sel)
@@ -198,12 +203,17 @@ def set_route_failed(e) -> None:
                 "torch.topk from now on", str(e)[:160])
 
 
+# tuning knobs, set by bench/pieces.py's sweep: keys per select program and its warps
+SELECT_KEYS = 8192
+SELECT_WARPS = 4
+
+
 def _select_shape(n: int) -> tuple[int, int, int]:
-    """(NP2, ROWS, num_warps): each program holds 8192 keys (64 per thread at 4 warps), 16384 at 8 warps."""
+    """(NP2, ROWS, num_warps): each program holds SELECT_KEYS keys (64 per thread at 4 warps); 1 row at least."""
     np2 = max(16, triton.next_power_of_2(n))
-    if np2 <= 8192:
-        return np2, max(1, min(16, 8192 // np2)), 4
-    return np2, 1, 8
+    if np2 <= SELECT_KEYS:
+        return np2, max(1, min(16, SELECT_KEYS // np2)), SELECT_WARPS
+    return np2, 1, max(SELECT_WARPS, 8)
 
 
 @torch.no_grad()

@@ -1,12 +1,12 @@
-"""Block statistics in ONE Triton pass over q, k, v (the routing lives in route.py).
+"""Block statistics in Triton (the routing lives in route.py).
 
-One program reads G consecutive 64-token blocks of one (batch, head) and writes, per block, the float32
-k-bar, q-bar (and q^2, sigma^2 for PWT) used for routing, plus the k-bar and value means in the input dtype
-that the attention kernel multiplies on tensor cores. In the same pass it accumulates
-sum_j H_j = sum_j (K_j - kbar_j)^T V_j of its G blocks in registers ([D, D] float32, tensor cores) and writes
-that partial once; the routing's first kernel sums the partials of a head into H-bar (no atomics, no memset,
-bitwise reproducible). q, k and v are each read once: the statistics are bandwidth-bound.
-Real token counts everywhere; padding never counts.
+`_block_stats_kernel`: one program per 64-token block of one (batch, head) writes the float32 k-bar, q-bar (and
+q^2, sigma^2 for PWT) used for routing, the k-bar and value means in the input dtype that the attention kernel
+multiplies on tensor cores, and whether the block is finite. `_hsum_kernel` (pisa / pwt / cov_bias): G blocks
+per program accumulate sum_j H_j = sum_j (K_j - kbar_j)^T V_j in registers ([D, D] float32, tensor cores), with
+k-bar read back instead of reduced in the loop, and write that partial once; the routing sums the partials of
+a head into H-bar (no atomics, no memset, bitwise reproducible). `_stats_kernel` does both in one pass (one
+read of k and v fewer), selectable for measurement (FUSED). Real token counts everywhere; padding never counts.
 
 Non-finite inputs (../../shared/MATH.md): a block whose keys or values are not all finite contributes no H_j
 to H-bar (its own k-bar / sigma^2 / value mean carry the inf/NaN to exactly the rows that give it weight),
@@ -83,19 +83,108 @@ def _stats_kernel(
                                   axis=1), axis=0)
             keep = n_bad == 0
             if H_DOT == 1:
-                # float16 inputs: centred keys can exceed float16's range (|k| near 6e4); bfloat16 cannot overflow
-                b_a = tl.where(keep, b_kc, 0.0).to(tl.bfloat16)
-                b_b = tl.where(keep, b_vf, 0.0).to(tl.bfloat16)
+                # float16 inputs: centred keys can exceed float16's range (|k| near 6e4): TF32 operands
+                b_h += tl.dot(tl.trans(tl.where(keep, b_kc, 0.0)), tl.where(keep, b_vf, 0.0),
+                              input_precision="tf32")
             elif H_DOT == 2:
                 # the interpreter: float32 operands (its dot is wrong on bfloat16)
-                b_a = tl.where(keep, b_kc, 0.0)
-                b_b = tl.where(keep, b_vf, 0.0)
+                b_h += tl.dot(tl.trans(tl.where(keep, b_kc, 0.0)), tl.where(keep, b_vf, 0.0))
             else:
-                b_a = tl.where(keep, b_kc, 0.0).to(b_v.dtype)
-                b_b = tl.where(keep, b_vf, 0.0).to(b_v.dtype)
-            b_h += tl.dot(tl.trans(b_a), b_b)  # [D, BS] x [BS, D]
+                b_h += tl.dot(tl.trans(tl.where(keep, b_kc, 0.0).to(b_v.dtype)),
+                              tl.where(keep, b_vf, 0.0).to(b_v.dtype))  # [D, BS] x [BS, D]
     if NEED_H:
         tl.store(HPART + (i_bh * NPART + i_g).to(tl.int64) * D * D + o_d[:, None] * D + o_d[None, :], b_h)
+
+
+@triton.jit
+def _block_stats_kernel(
+    Q, K, V, PERM,
+    KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, FIN,
+    sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
+    HC, T, N,
+    D: tl.constexpr, BS: tl.constexpr, NEED_PWT: tl.constexpr, NEED_V: tl.constexpr, NEED_FIN: tl.constexpr,
+    HAS_PERM: tl.constexpr,
+):
+    """One program per block (many programs per SM keep enough bytes in flight): means, mean squares, centred
+    key variance, and (for H-bar) whether the block's keys and values are all finite."""
+    j, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_bh = i_b * HC + i_h
+    o_m = tl.arange(0, BS)
+    o_d = tl.arange(0, D)
+    o_t = j * BS + o_m
+    m_t = o_t < T
+    if HAS_PERM:
+        o_r = tl.load(PERM + o_t, mask=m_t, other=0).to(tl.int64)
+    else:
+        o_r = o_t.to(tl.int64)
+    cnt = tl.minimum(T - j * BS, BS).to(tl.float32)
+    o_s = (i_bh * N + j) * D + o_d
+    b_q = tl.load(Q + i_b * sq_b + i_h * sq_h + o_r[:, None] * sq_t + o_d[None, :], mask=m_t[:, None],
+                  other=0.0).to(tl.float32)  # [BS, D]
+    tl.store(QBAR + o_s, tl.sum(b_q, axis=0) / cnt)
+    if NEED_PWT:
+        tl.store(Q2 + o_s, tl.sum(b_q * b_q, axis=0) / cnt)
+    b_k = tl.load(K + i_b * sk_b + i_h * sk_h + o_r[:, None] * sk_t + o_d[None, :], mask=m_t[:, None],
+                  other=0.0).to(tl.float32)
+    b_kbar = tl.sum(b_k, axis=0) / cnt  # [D]
+    tl.store(KBAR + o_s, b_kbar)
+    if NEED_PWT:
+        b_kc = tl.where(m_t[:, None], b_k - b_kbar[None, :], 0.0)  # centred keys, padding zeroed
+        tl.store(KSIG2 + o_s, tl.sum(b_kc * b_kc, axis=0) / cnt)
+    if NEED_V:
+        b_v = tl.load(V + i_b * sv_b + i_h * sv_h + o_r[:, None] * sv_t + o_d[None, :], mask=m_t[:, None],
+                      other=0.0).to(tl.float32)
+        b_vs = tl.sum(b_v, axis=0)
+        tl.store(KBAR_LP + o_s, b_kbar.to(KBAR_LP.dtype.element_ty))
+        tl.store(VMEAN_LP + o_s, (b_vs / cnt).to(VMEAN_LP.dtype.element_ty))
+        if NEED_FIN:
+            # k-bar and the value sum are finite exactly when the block's keys and values are (short of a
+            # float32 overflow of the sum, which then also counts as non-finite)
+            b_f = tl.sum(b_kbar * 0.0 + b_vs * 0.0, axis=0)
+            tl.store(FIN + i_bh * N + j, (b_f == 0.0).to(tl.int32))
+
+
+@triton.jit
+def _hsum_kernel(
+    K, V, PERM, KBAR, FIN, HPART,
+    sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
+    HC, T, N, G, NPART,
+    D: tl.constexpr, BS: tl.constexpr, HAS_PERM: tl.constexpr, H_DOT: tl.constexpr,
+):
+    """sum_j H_j = sum_j (K_j - kbar_j)^T V_j over G blocks per program, k-bar and the finite flag read from
+    _block_stats_kernel (no reduction in the loop: a GEMM-like pipelined stream of K/V tiles); one [D, D]
+    float32 partial per program (HPART[i_bh, i_g])."""
+    i_g, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_bh = i_b * HC + i_h
+    o_m = tl.arange(0, BS)
+    o_d = tl.arange(0, D)
+    p_k = K + i_b * sk_b + i_h * sk_h
+    p_v = V + i_b * sv_b + i_h * sv_h
+    b_h = tl.zeros([D, D], dtype=tl.float32)
+    j0 = i_g * G
+    j1 = tl.minimum(j0 + G, N)
+    for j in range(j0, j1):
+        o_t = j * BS + o_m
+        m_t = o_t < T
+        if HAS_PERM:
+            o_r = tl.load(PERM + o_t, mask=m_t, other=0).to(tl.int64)
+        else:
+            o_r = o_t.to(tl.int64)
+        keep = tl.load(FIN + i_bh * N + j) != 0
+        m_r = m_t & keep
+        b_k = tl.load(p_k + o_r[:, None] * sk_t + o_d[None, :], mask=m_r[:, None], other=0.0)
+        b_v = tl.load(p_v + o_r[:, None] * sv_t + o_d[None, :], mask=m_r[:, None], other=0.0)
+        b_kbar = tl.load(KBAR + (i_bh * N + j) * D + o_d)
+        b_kc = tl.where(m_r[:, None], b_k.to(tl.float32) - b_kbar[None, :], 0.0)
+        if H_DOT == 1:
+            # float16 inputs: centred keys can exceed float16's range (|k| near 6e4); float32 operands on
+            # TF32 tensor cores keep float16's mantissa without its range
+            b_h += tl.dot(tl.trans(b_kc), b_v.to(tl.float32), input_precision="tf32")
+        elif H_DOT == 2:
+            b_h += tl.dot(tl.trans(b_kc), b_v.to(tl.float32))  # the interpreter (its bf16 dot is wrong)
+        else:
+            b_h += tl.dot(tl.trans(b_kc.to(b_v.dtype)), b_v)  # [D, BS] x [BS, D]
+    tl.store(HPART + (i_bh * NPART + i_g).to(tl.int64) * D * D + o_d[:, None] * D + o_d[None, :], b_h)
 
 
 @triton.jit
@@ -152,17 +241,24 @@ def _n_sm(device) -> int:
     return 4
 
 
-def blocks_per_program(n: int, bh: int, device=None) -> int:
-    """G blocks per statistics program when H-bar is needed: ~4 programs per SM over all (batch, head)
-    pairs, at least 4 blocks each and at most 64 partials of H per head (P = ceil(N / G))."""
+# tuning knobs, set by bench/pieces.py's sweep (each choice cites bench/results/pieces_h200.md)
+FUSED = False  # one kernel (statistics + H_j partials per G-block program) instead of two
+HSUM_CTAS_PER_SM = 2  # H-sum programs per SM (the [D, D] accumulator allows one resident CTA at 8 warps)
+STATS_WARPS = 8
+
+
+def blocks_per_program(n: int, bh: int, device=None, per_sm: int | None = None) -> int:
+    """G blocks per H-sum program: about `per_sm` programs per SM over all (batch, head) pairs, at least
+    4 blocks each and at most 64 partials of H per head (P = ceil(N / G))."""
     n_sm = _n_sm(device) if device is not None else 132
-    return max(4, math.ceil(n / 64), math.ceil(n * bh / (4 * n_sm)))
+    per_sm = (4 if FUSED else HSUM_CTAS_PER_SM) if per_sm is None else per_sm
+    return max(4, math.ceil(n / 64), math.ceil(n * bh / (per_sm * n_sm)))
 
 
 def block_stats(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None, need_pwt: bool | None = None,
                 need_h: bool | None = None, need_hnorm: bool | None = None) -> TritonStats:
-    """Statistics of [B, HC, T, D] views (any batch/head/token strides, unit last stride), one kernel launch
-    (two with cov_bias)."""
+    """Statistics of [B, HC, T, D] views (any batch/head/token strides, unit last stride): one program per
+    block, then (pisa / pwt / cov_bias) the H_j partial sums in a GEMM-like pass over K and V."""
     B, HC, T, D = q.shape
     bs = cfg.block_size
     n = -(-T // bs)
@@ -183,22 +279,36 @@ def block_stats(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None,
     npart = triton.cdiv(n, g)
     hpart = torch.empty(B, HC, npart, D, D, device=dev, dtype=f32) if need_h else None
     dummy = kbar
-    _stats_kernel[(npart, HC, B)](
-        q, k, v, perm if perm is not None else dummy,
-        kbar, kbar_lp if need_v else dummy, vmean_lp if need_v else dummy, ksig2 if need_pwt else dummy, qbar,
-        q2 if need_pwt else dummy, hpart if need_h else dummy,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        HC, T, n, g, npart, D=D, BS=bs, NEED_PWT=need_pwt, NEED_V=need_v, NEED_H=need_h,
-        HAS_PERM=perm is not None, H_DOT=2 if _INTERPRET else (1 if q.dtype == torch.float16 else 0),
-        num_warps=8 if (need_h and D >= 128) else 4, num_stages=2,
-    )
+    h_dot = 2 if _INTERPRET else (1 if q.dtype == torch.float16 else 0)
+    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+               v.stride(0), v.stride(1), v.stride(2))
+    pm = perm if perm is not None else dummy
+    if FUSED:
+        _stats_kernel[(npart, HC, B)](
+            q, k, v, pm, kbar, kbar_lp if need_v else dummy, vmean_lp if need_v else dummy,
+            ksig2 if need_pwt else dummy, qbar, q2 if need_pwt else dummy, hpart if need_h else dummy, *strides,
+            HC, T, n, g, npart, D=D, BS=bs, NEED_PWT=need_pwt, NEED_V=need_v, NEED_H=need_h,
+            HAS_PERM=perm is not None, H_DOT=h_dot, num_warps=8 if (need_h and D >= 128) else 4, num_stages=2,
+        )
+    else:
+        fin = torch.empty(B, HC, n, device=dev, dtype=torch.int32) if need_h else None
+        _block_stats_kernel[(n, HC, B)](
+            q, k, v, pm, kbar, kbar_lp if need_v else dummy, vmean_lp if need_v else dummy,
+            ksig2 if need_pwt else dummy, qbar, q2 if need_pwt else dummy, fin if need_h else dummy, *strides,
+            HC, T, n, D=D, BS=bs, NEED_PWT=need_pwt, NEED_V=need_v, NEED_FIN=need_h, HAS_PERM=perm is not None,
+            num_warps=STATS_WARPS if D >= 128 else 4,
+        )
+        if need_h:
+            _hsum_kernel[(npart, HC, B)](
+                k, v, pm, kbar, fin, hpart, *strides[3:], HC, T, n, g, npart, D=D, BS=bs,
+                HAS_PERM=perm is not None, H_DOT=h_dot, num_warps=8 if D >= 128 else 4, num_stages=3,
+            )
     st = TritonStats(kbar, qbar, q2, ksig2, kbar_lp, vmean_lp, None, None, None, hpart)
     if need_hnorm:
         finalize_hbar(st, n, q.dtype)
         hnorm = torch.empty(B, HC, n, device=dev, dtype=f32)
         _hnorm_kernel[(n, HC, B)](
-            k, v, perm if perm is not None else dummy, st.hbar, hnorm,
+            k, v, pm, st.hbar, hnorm,
             k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
             HC, T, n, D=D, BS=bs, HAS_PERM=perm is not None, num_warps=8 if D >= 128 else 4,
         )
