@@ -8,8 +8,9 @@
 2. `_select_kernel`, one program per ROWS query blocks: the K_i = max(k, #forced) best by a 32-step bit-by-bit
    search for the K_i-th largest key (ties by lower block id); writes the ascending index list (-1 padded)
    and marks the chosen blocks -inf in the bias row.
-For N <= 256 one program computes the scores of its rows itself (one launch instead of two: small problems
-are launch-bound). The scores cost 4 N^2 bytes per (batch, head) of scratch (counted by the head chunking).
+The scores cost 4 N^2 bytes per (batch, head) of scratch, for one sub-chunk of heads at a time. Measured and
+dropped: a select kernel that computes its own scores for N <= 256 (one launch fewer, but its 3xTF32 operand
+tiles spilled: FLUX.1 1024^2 routing 0.056 ms).
 """
 from __future__ import annotations
 
@@ -37,32 +38,38 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # the interpreter computes its dots in numpy float32 anyway
 _PREC = "ieee" if _INTERPRET else "tf32x3"
 ROUTE_KERNEL_MAX_N = 16384  # above this, torch routing (the [ROWS, NP2] keys would not fit a program)
-FUSED_MAX_N = 256  # up to this N the select kernel computes its own scores (one launch)
 
 
 @triton.jit
 def _score_tile(QBAR, KBAR, Q2, KSIG2, HNORM, i_bh, o_i, o_j, N, band, n_sink, scale, half_s2, ln_b,
-                D: tl.constexpr, PWT: tl.constexpr, COV: tl.constexpr, PREC: tl.constexpr):
-    """(rank score with forced blocks at +inf, gated w) of the (o_i, o_j) pairs of one (batch, head)."""
-    o_d = tl.arange(0, D)
+                D: tl.constexpr, DK: tl.constexpr, PWT: tl.constexpr, COV: tl.constexpr, PREC: tl.constexpr):
+    """(rank score with forced blocks at +inf, gated w) of the (o_i, o_j) pairs of one (batch, head); the
+    D-long dot products in DK-wide slices (float32 operand tiles stay small: no spills)."""
+    o_k = tl.arange(0, DK)
     m_i = o_i < N
     m_j = o_j < N
-    p_r = (i_bh * N + o_i)[:, None].to(tl.int64) * D + o_d[None, :]
-    p_c = (i_bh * N + o_j)[:, None].to(tl.int64) * D + o_d[None, :]
-    b_a = tl.load(QBAR + p_r, mask=m_i[:, None], other=0.0)
-    b_b = tl.load(KBAR + p_c, mask=m_j[:, None], other=0.0)
-    b_s = tl.dot(b_a, tl.trans(b_b), input_precision=PREC) * scale
+    p_r = (i_bh * N + o_i)[:, None].to(tl.int64) * D + o_k[None, :]
+    p_c = (i_bh * N + o_j)[:, None].to(tl.int64) * D + o_k[None, :]
+    b_s = tl.zeros([o_i.shape[0], o_j.shape[0]], dtype=tl.float32)
+    b_w = tl.zeros([o_i.shape[0], o_j.shape[0]], dtype=tl.float32)
+    for d0 in range(0, D, DK):
+        b_a = tl.load(QBAR + p_r + d0, mask=m_i[:, None], other=0.0)
+        b_b = tl.load(KBAR + p_c + d0, mask=m_j[:, None], other=0.0)
+        b_s += tl.dot(b_a, tl.trans(b_b), input_precision=PREC)
+        if PWT:
+            b_a2 = tl.load(Q2 + p_r + d0, mask=m_i[:, None], other=0.0)
+            b_b2 = tl.load(KSIG2 + p_c + d0, mask=m_j[:, None], other=0.0)
+            b_w += tl.dot(b_a2, tl.trans(b_b2), input_precision=PREC)
+    b_s = b_s * scale
     if COV:
         b_hn = tl.load(HNORM + i_bh * N + o_j, mask=m_j, other=1.0)
         b_s += tl.log(b_hn + 1e-6)[None, :]
     if PWT:
-        b_a2 = tl.load(Q2 + p_r, mask=m_i[:, None], other=0.0)
-        b_b2 = tl.load(KSIG2 + p_c, mask=m_j[:, None], other=0.0)
-        b_w = tl.dot(b_a2, tl.trans(b_b2), input_precision=PREC) * half_s2
+        b_w = b_w * half_s2
         b_s += tl.minimum(b_w, ln_b)
         b_vb = tl.where(b_w <= ln_b, b_w, 0.0)  # gates a NaN w too, like kernels.routing.pwt_bonus
     else:
-        b_vb = tl.zeros(b_s.shape, dtype=tl.float32)
+        b_vb = b_w
     # NaN/inf in the inputs must not break the ranking
     b_s = tl.where(b_s != b_s, -1e30, b_s)
     b_s = tl.minimum(tl.maximum(b_s, -1e30), 1e30)
@@ -92,7 +99,7 @@ def _final_hbar(HPART, HBAR, HBAR_LP, i_bh, NPART, inv_n, t, P, D: tl.constexpr,
 def _scores_kernel(
     QBAR, KBAR, Q2, KSIG2, HNORM, SCORE, VBIAS, HPART, HBAR, HBAR_LP,
     N, NPART, HC, H0, HSUB, band, n_sink, scale, half_s2, ln_b, inv_n,
-    D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PWT: tl.constexpr, COV: tl.constexpr,
+    D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, PWT: tl.constexpr, COV: tl.constexpr,
     FINAL_H: tl.constexpr, PREC: tl.constexpr,
 ):
     # heads H0 .. H0 + HSUB of every batch element; the scores are those of this sub-chunk only
@@ -101,7 +108,7 @@ def _scores_kernel(
     o_i = i_m * BM + tl.arange(0, BM)
     o_j = i_n * BN + tl.arange(0, BN)
     b_s, b_vb = _score_tile(QBAR, KBAR, Q2, KSIG2, HNORM, i_bh, o_i, o_j, N, band, n_sink, scale, half_s2,
-                            ln_b, D=D, PWT=PWT, COV=COV, PREC=PREC)
+                            ln_b, D=D, DK=DK, PWT=PWT, COV=COV, PREC=PREC)
     m_ij = (o_i < N)[:, None] & (o_j < N)[None, :]
     o_ij = o_i[:, None].to(tl.int64) * N + o_j[None, :]
     tl.store(SCORE + i_loc.to(tl.int64) * N * N + o_ij, b_s, mask=m_ij)
@@ -113,15 +120,12 @@ def _scores_kernel(
 
 @triton.jit
 def _select_kernel(
-    SCORE, IDX, VBIAS, QBAR, KBAR, Q2, KSIG2, HNORM, HPART, HBAR, HBAR_LP,
-    N, NSEL, NPART, HC, H0, HSUB, k_budget, band, n_sink, scale, half_s2, ln_b, inv_n,
-    D: tl.constexpr, NP2: tl.constexpr, ROWS: tl.constexpr, KP2: tl.constexpr, FUSED: tl.constexpr,
-    PWT: tl.constexpr, COV: tl.constexpr, FINAL_H: tl.constexpr, PREC: tl.constexpr,
+    SCORE, IDX, VBIAS,
+    N, NSEL, HC, H0, HSUB, k_budget, band, n_sink,
+    NP2: tl.constexpr, ROWS: tl.constexpr, KP2: tl.constexpr,
 ):
     i_r, i_loc = tl.program_id(0), tl.program_id(1)
     i_bh = (i_loc // HSUB) * HC + H0 + i_loc % HSUB
-    if FINAL_H:
-        _final_hbar(HPART, HBAR, HBAR_LP, i_bh, NPART, inv_n, i_r, tl.num_programs(0), D=D, RB=16)
     o_i = i_r * ROWS + tl.arange(0, ROWS)
     m_i = o_i < N
     o_j = tl.arange(0, NP2)
@@ -129,11 +133,7 @@ def _select_kernel(
     m_ij = m_i[:, None] & m_j[None, :]
     o_ij = o_i[:, None].to(tl.int64) * N + o_j[None, :]
     p_o = i_bh.to(tl.int64) * N * N + o_ij
-    if FUSED:
-        b_s, b_vb = _score_tile(QBAR, KBAR, Q2, KSIG2, HNORM, i_bh, o_i, o_j, N, band, n_sink, scale, half_s2,
-                                ln_b, D=D, PWT=PWT, COV=COV, PREC=PREC)
-    else:
-        b_s = tl.load(SCORE + i_loc.to(tl.int64) * N * N + o_ij, mask=m_ij, other=0.0)
+    b_s = tl.load(SCORE + i_loc.to(tl.int64) * N * N + o_ij, mask=m_ij, other=0.0)
     b_s = tl.where(m_j[None, :], b_s, float("-inf"))
     d_ij = o_i[:, None] - o_j[None, :]
     forced = (((d_ij <= band) & (d_ij >= -band)) | (o_j[None, :] < n_sink)) & m_j[None, :]
@@ -164,11 +164,7 @@ def _select_kernel(
     o_k = tl.arange(0, KP2)
     tl.store(p_idx + o_k[None, :], tl.full([ROWS, KP2], -1, tl.int32),
              mask=m_i[:, None] & (o_k[None, :] >= k_i[:, None]) & (o_k[None, :] < NSEL))
-    if FUSED:
-        tl.store(VBIAS + p_o, tl.where(sel, float("-inf"), b_vb).to(VBIAS.dtype.element_ty), mask=m_ij)
-    else:
-        tl.store(VBIAS + p_o, tl.full([ROWS, NP2], float("-inf"), tl.float32).to(VBIAS.dtype.element_ty),
-                 mask=sel)
+    tl.store(VBIAS + p_o, tl.full([ROWS, NP2], float("-inf"), tl.float32).to(VBIAS.dtype.element_ty), mask=sel)
 
 
 def bias_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -193,7 +189,7 @@ def route_in_kernel(n: int) -> bool:
 
 def kernel_scratch_bytes(n: int) -> int:
     """Bytes per (batch, head) the kernel routing allocates beyond its outputs: the float32 scores."""
-    return 0 if n <= FUSED_MAX_N else 4 * n * n
+    return 4 * n * n
 
 
 def set_route_failed(e) -> None:
@@ -203,9 +199,14 @@ def set_route_failed(e) -> None:
                 "torch.topk from now on", str(e)[:160])
 
 
-# tuning knobs, set by bench/pieces.py's sweep: keys per select program and its warps
-SELECT_KEYS = 8192
+# tuning knobs (bench/pieces.py --sweep, bench/results/pieces_h200.md): keys per select program and its warps.
+# 2048 keys at 4 warps: Wan2.1-14B routing 0.255 ms at 480p (8192 keys: 0.40), 2.08 ms at 720p (2.73)
+SELECT_KEYS = 2048
 SELECT_WARPS = 4
+# the scores kernel's D slices and warps: [64, 16] float32 operand tiles at 8 warps, 158 registers, no stack
+# (cuobjdump; the whole D = 128 at once spilled ~1 KB per thread)
+SCORE_DK = 16
+SCORE_WARPS = 8
 
 
 def _select_shape(n: int) -> tuple[int, int, int]:
@@ -240,31 +241,25 @@ def route(st, cfg: SparseConfig, dtype: torch.dtype, *, score_bytes: int = 256 *
         st.hbar_lp = torch.empty(B, HC, D, D, device=dev, dtype=dtype)
     hargs = (st.hpart, st.hbar, st.hbar_lp) if final_h else (dummy, dummy, dummy)
     npart = st.hpart.shape[2] if final_h else 0
-    fused = n <= FUSED_MAX_N
     np2, rows, warps = _select_shape(n)
-    if fused:
-        rows = 16
     # the float32 scores exist for one sub-chunk of heads at a time (score_bytes: its budget)
-    hsub = HC if fused else max(1, min(HC, int(score_bytes // max(1, B * 4 * n * n))))
+    hsub = max(1, min(HC, int(score_bytes // max(1, B * 4 * n * n))))
     hsub = -(-HC // -(-HC // hsub))  # spread evenly
-    score = None if fused else torch.empty(B * hsub, n, n, device=dev, dtype=torch.float32)
+    score = torch.empty(B * hsub, n, n, device=dev, dtype=torch.float32)
     stat_args = (st.qbar, st.kbar, st.q2 if pwt else dummy, st.ksig2 if pwt else dummy,
                  st.hnorm if cov else dummy)
-    common = (cfg.band, cfg.n_sink_blocks, scale, 0.5 * scale * scale, math.log(cfg.block_size), 1.0 / n)
+    common = (cfg.band, cfg.n_sink_blocks)
     try:
         for h0 in range(0, HC, hsub):
             hs = min(hsub, HC - h0)
-            if not fused:
-                _scores_kernel[(triton.cdiv(n, 64), triton.cdiv(n, 64), B * hs)](
-                    *stat_args, score, vbias, *hargs, n, npart, HC, h0, hs, *common,
-                    D=D, BM=64, BN=64, PWT=pwt, COV=cov, FINAL_H=final_h, PREC=_PREC, num_warps=4,
-                    num_stages=1,
-                )
+            _scores_kernel[(triton.cdiv(n, 64), triton.cdiv(n, 64), B * hs)](
+                *stat_args, score, vbias, *hargs, n, npart, HC, h0, hs, *common, scale, 0.5 * scale * scale,
+                math.log(cfg.block_size), 1.0 / n, D=D, BM=64, BN=64, DK=SCORE_DK, PWT=pwt, COV=cov,
+                FINAL_H=final_h, PREC=_PREC, num_warps=SCORE_WARPS, num_stages=1,
+            )
             _select_kernel[(triton.cdiv(n, rows), B * hs)](
-                score if not fused else dummy, idx, vbias, *stat_args, *hargs,
-                n, kmax, npart, HC, h0, hs, k, *common,
-                D=D, NP2=np2, ROWS=rows, KP2=max(16, triton.next_power_of_2(kmax)), FUSED=fused,
-                PWT=pwt, COV=cov, FINAL_H=final_h and fused, PREC=_PREC, num_warps=warps,
+                score, idx, vbias, n, kmax, HC, h0, hs, k, *common,
+                NP2=np2, ROWS=rows, KP2=max(16, triton.next_power_of_2(kmax)), num_warps=warps,
             )
     except OutOfResources as e:
         set_route_failed(e)

@@ -1,12 +1,13 @@
 """Block statistics in Triton (the routing lives in route.py).
 
-`_block_stats_kernel`: one program per 64-token block of one (batch, head) writes the float32 k-bar, q-bar (and
+`_block_stats_kernel`: one program per 64-token block of one (batch, head) (and half of the columns) writes the float32 k-bar, q-bar (and
 q^2, sigma^2 for PWT) used for routing, the k-bar and value means in the input dtype that the attention kernel
 multiplies on tensor cores, and whether the block is finite. `_hsum_kernel` (pisa / pwt / cov_bias): G blocks
 per program accumulate sum_j H_j = sum_j (K_j - kbar_j)^T V_j in registers ([D, D] float32, tensor cores), with
 k-bar read back instead of reduced in the loop, and write that partial once; the routing sums the partials of
-a head into H-bar (no atomics, no memset, bitwise reproducible). `_stats_kernel` does both in one pass (one
-read of k and v fewer), selectable for measurement (FUSED). Real token counts everywhere; padding never counts.
+a head into H-bar (no atomics, no memset, bitwise reproducible). Measured and dropped: one kernel doing both
+(k and v read once; its [D, D] accumulator next to three tiles took 255 registers and a stack, one CTA per SM:
+1.63 ms vs 0.78 at Wan2.1-14B 480p). Real token counts everywhere; padding never counts.
 
 Non-finite inputs (../../shared/MATH.md): a block whose keys or values are not all finite contributes no H_j
 to H-bar (its own k-bar / sigma^2 / value mean carry the inf/NaN to exactly the rows that give it weight),
@@ -30,87 +31,25 @@ from .route import (bias_dtype, kernel_scratch_bytes, route, route_in_kernel, ro
 
 
 @triton.jit
-def _stats_kernel(
-    Q, K, V, PERM,
-    KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, HPART,
-    sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
-    HC, T, N, G, NPART,
-    D: tl.constexpr, BS: tl.constexpr, NEED_PWT: tl.constexpr, NEED_V: tl.constexpr, NEED_H: tl.constexpr,
-    HAS_PERM: tl.constexpr, H_DOT: tl.constexpr,
-):
-    """G blocks per program: means, sums of squares, centred key variance, and the [D, D] partial of
-    sum_j H_j (HPART[i_bh, i_g])."""
-    i_g, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_bh = i_b * HC + i_h
-    o_m = tl.arange(0, BS)
-    o_d = tl.arange(0, D)
-    p_q = Q + i_b * sq_b + i_h * sq_h
-    p_k = K + i_b * sk_b + i_h * sk_h
-    p_v = V + i_b * sv_b + i_h * sv_h
-    if NEED_H:
-        b_h = tl.zeros([D, D], dtype=tl.float32)
-    j0 = i_g * G
-    j1 = tl.minimum(j0 + G, N)
-    for j in range(j0, j1):
-        o_t = j * BS + o_m
-        m_t = o_t < T
-        if HAS_PERM:
-            o_r = tl.load(PERM + o_t, mask=m_t, other=0).to(tl.int64)
-        else:
-            o_r = o_t.to(tl.int64)
-        cnt = tl.minimum(T - j * BS, BS).to(tl.float32)
-        b_k = tl.load(p_k + o_r[:, None] * sk_t + o_d[None, :], mask=m_t[:, None], other=0.0)  # [BS, D]
-        b_q = tl.load(p_q + o_r[:, None] * sq_t + o_d[None, :], mask=m_t[:, None], other=0.0)
-        b_kf = b_k.to(tl.float32)
-        b_qf = b_q.to(tl.float32)
-        b_kbar = tl.sum(b_kf, axis=0) / cnt  # [D]
-        o_s = (i_bh * N + j) * D + o_d
-        tl.store(KBAR + o_s, b_kbar)
-        tl.store(QBAR + o_s, tl.sum(b_qf, axis=0) / cnt)
-        if NEED_V:
-            b_v = tl.load(p_v + o_r[:, None] * sv_t + o_d[None, :], mask=m_t[:, None], other=0.0)
-            b_vf = b_v.to(tl.float32)
-            tl.store(KBAR_LP + o_s, b_kbar.to(KBAR_LP.dtype.element_ty))
-            tl.store(VMEAN_LP + o_s, (tl.sum(b_vf, axis=0) / cnt).to(VMEAN_LP.dtype.element_ty))
-        if NEED_PWT or NEED_H:
-            b_kc = tl.where(m_t[:, None], b_kf - b_kbar[None, :], 0.0)  # centred keys, padding zeroed
-        if NEED_PWT:
-            tl.store(KSIG2 + o_s, tl.sum(b_kc * b_kc, axis=0) / cnt)
-            tl.store(Q2 + o_s, tl.sum(b_qf * b_qf, axis=0) / cnt)
-        if NEED_H:
-            # a block with a non-finite key or value adds no H_j (x * 0 is NaN exactly for inf / NaN x)
-            n_bad = tl.sum(tl.sum(((b_kf * 0.0) != 0.0).to(tl.int32) + ((b_vf * 0.0) != 0.0).to(tl.int32),
-                                  axis=1), axis=0)
-            keep = n_bad == 0
-            if H_DOT == 1:
-                # float16 inputs: centred keys can exceed float16's range (|k| near 6e4): TF32 operands
-                b_h += tl.dot(tl.trans(tl.where(keep, b_kc, 0.0)), tl.where(keep, b_vf, 0.0),
-                              input_precision="tf32")
-            elif H_DOT == 2:
-                # the interpreter: float32 operands (its dot is wrong on bfloat16)
-                b_h += tl.dot(tl.trans(tl.where(keep, b_kc, 0.0)), tl.where(keep, b_vf, 0.0))
-            else:
-                b_h += tl.dot(tl.trans(tl.where(keep, b_kc, 0.0).to(b_v.dtype)),
-                              tl.where(keep, b_vf, 0.0).to(b_v.dtype))  # [D, BS] x [BS, D]
-    if NEED_H:
-        tl.store(HPART + (i_bh * NPART + i_g).to(tl.int64) * D * D + o_d[:, None] * D + o_d[None, :], b_h)
-
-
-@triton.jit
 def _block_stats_kernel(
     Q, K, V, PERM,
     KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, FIN,
     sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
     HC, T, N,
-    D: tl.constexpr, BS: tl.constexpr, NEED_PWT: tl.constexpr, NEED_V: tl.constexpr, NEED_FIN: tl.constexpr,
-    HAS_PERM: tl.constexpr,
+    D: tl.constexpr, DB: tl.constexpr, BS: tl.constexpr, NEED_PWT: tl.constexpr, NEED_V: tl.constexpr,
+    NEED_FIN: tl.constexpr, HAS_PERM: tl.constexpr,
 ):
-    """One program per block (many programs per SM keep enough bytes in flight): means, mean squares, centred
-    key variance, and (for H-bar) whether the block's keys and values are all finite."""
-    j, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    """One program per (block, DB of the D columns): every statistic is per column, so the D columns split
+    over D // DB programs, each holding [BS, DB] tiles (fewer registers: more programs per SM, more bytes in
+    flight). Means, mean squares, centred key variance, and (for H-bar) FIN[i_bh, j, s] = 1 when the block's
+    keys and values in these columns are all finite."""
+    i_js, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    NSPLIT: tl.constexpr = D // DB
+    j = i_js // NSPLIT
+    i_s = i_js % NSPLIT
     i_bh = i_b * HC + i_h
     o_m = tl.arange(0, BS)
-    o_d = tl.arange(0, D)
+    o_d = i_s * DB + tl.arange(0, DB)
     o_t = j * BS + o_m
     m_t = o_t < T
     if HAS_PERM:
@@ -120,28 +59,29 @@ def _block_stats_kernel(
     cnt = tl.minimum(T - j * BS, BS).to(tl.float32)
     o_s = (i_bh * N + j) * D + o_d
     b_q = tl.load(Q + i_b * sq_b + i_h * sq_h + o_r[:, None] * sq_t + o_d[None, :], mask=m_t[:, None],
-                  other=0.0).to(tl.float32)  # [BS, D]
+                  other=0.0).to(tl.float32)  # [BS, DB]
+    b_k = tl.load(K + i_b * sk_b + i_h * sk_h + o_r[:, None] * sk_t + o_d[None, :], mask=m_t[:, None],
+                  other=0.0).to(tl.float32)
+    if NEED_V:
+        b_v = tl.load(V + i_b * sv_b + i_h * sv_h + o_r[:, None] * sv_t + o_d[None, :], mask=m_t[:, None],
+                      other=0.0).to(tl.float32)
     tl.store(QBAR + o_s, tl.sum(b_q, axis=0) / cnt)
     if NEED_PWT:
         tl.store(Q2 + o_s, tl.sum(b_q * b_q, axis=0) / cnt)
-    b_k = tl.load(K + i_b * sk_b + i_h * sk_h + o_r[:, None] * sk_t + o_d[None, :], mask=m_t[:, None],
-                  other=0.0).to(tl.float32)
-    b_kbar = tl.sum(b_k, axis=0) / cnt  # [D]
+    b_kbar = tl.sum(b_k, axis=0) / cnt  # [DB]
     tl.store(KBAR + o_s, b_kbar)
     if NEED_PWT:
         b_kc = tl.where(m_t[:, None], b_k - b_kbar[None, :], 0.0)  # centred keys, padding zeroed
         tl.store(KSIG2 + o_s, tl.sum(b_kc * b_kc, axis=0) / cnt)
     if NEED_V:
-        b_v = tl.load(V + i_b * sv_b + i_h * sv_h + o_r[:, None] * sv_t + o_d[None, :], mask=m_t[:, None],
-                      other=0.0).to(tl.float32)
         b_vs = tl.sum(b_v, axis=0)
         tl.store(KBAR_LP + o_s, b_kbar.to(KBAR_LP.dtype.element_ty))
         tl.store(VMEAN_LP + o_s, (b_vs / cnt).to(VMEAN_LP.dtype.element_ty))
         if NEED_FIN:
-            # k-bar and the value sum are finite exactly when the block's keys and values are (short of a
-            # float32 overflow of the sum, which then also counts as non-finite)
+            # k-bar and the value sum are finite exactly when these keys and values are (short of a float32
+            # overflow of the sum, which then also counts as non-finite)
             b_f = tl.sum(b_kbar * 0.0 + b_vs * 0.0, axis=0)
-            tl.store(FIN + i_bh * N + j, (b_f == 0.0).to(tl.int32))
+            tl.store(FIN + (i_bh * N + j) * NSPLIT + i_s, (b_f == 0.0).to(tl.int32))
 
 
 @triton.jit
@@ -149,7 +89,7 @@ def _hsum_kernel(
     K, V, PERM, KBAR, FIN, HPART,
     sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
     HC, T, N, G, NPART,
-    D: tl.constexpr, BS: tl.constexpr, HAS_PERM: tl.constexpr, H_DOT: tl.constexpr,
+    D: tl.constexpr, BS: tl.constexpr, NSPLIT: tl.constexpr, HAS_PERM: tl.constexpr, H_DOT: tl.constexpr,
 ):
     """sum_j H_j = sum_j (K_j - kbar_j)^T V_j over G blocks per program, k-bar and the finite flag read from
     _block_stats_kernel (no reduction in the loop: a GEMM-like pipelined stream of K/V tiles); one [D, D]
@@ -170,7 +110,7 @@ def _hsum_kernel(
             o_r = tl.load(PERM + o_t, mask=m_t, other=0).to(tl.int64)
         else:
             o_r = o_t.to(tl.int64)
-        keep = tl.load(FIN + i_bh * N + j) != 0
+        keep = tl.min(tl.load(FIN + (i_bh * N + j) * NSPLIT + tl.arange(0, NSPLIT)), axis=0) != 0
         m_r = m_t & keep
         b_k = tl.load(p_k + o_r[:, None] * sk_t + o_d[None, :], mask=m_r[:, None], other=0.0)
         b_v = tl.load(p_v + o_r[:, None] * sv_t + o_d[None, :], mask=m_r[:, None], other=0.0)
@@ -241,17 +181,19 @@ def _n_sm(device) -> int:
     return 4
 
 
-# tuning knobs, set by bench/pieces.py's sweep (each choice cites bench/results/pieces_h200.md)
-FUSED = False  # one kernel (statistics + H_j partials per G-block program) instead of two
-HSUM_CTAS_PER_SM = 2  # H-sum programs per SM (the [D, D] accumulator allows one resident CTA at 8 warps)
-STATS_WARPS = 8
+# tuning knobs (bench/pieces.py --sweep; H200 numbers in bench/results/pieces_h200.md): the per-block kernel at
+# 4 warps beat 8 (Wan2.1-14B 480p pwt statistics 0.78 vs 1.24 ms with [64, 128] tiles); H-sum programs per SM
+# made no difference between 1 and 4 (the [D, D] accumulator allows one resident CTA at 8 warps)
+HSUM_CTAS_PER_SM = 2
+STATS_WARPS = 4
+STATS_DB = 64  # columns per statistics program
 
 
 def blocks_per_program(n: int, bh: int, device=None, per_sm: int | None = None) -> int:
     """G blocks per H-sum program: about `per_sm` programs per SM over all (batch, head) pairs, at least
     4 blocks each and at most 64 partials of H per head (P = ceil(N / G))."""
     n_sm = _n_sm(device) if device is not None else 132
-    per_sm = (4 if FUSED else HSUM_CTAS_PER_SM) if per_sm is None else per_sm
+    per_sm = HSUM_CTAS_PER_SM if per_sm is None else per_sm
     return max(4, math.ceil(n / 64), math.ceil(n * bh / (per_sm * n_sm)))
 
 
@@ -283,26 +225,20 @@ def block_stats(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None,
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2))
     pm = perm if perm is not None else dummy
-    if FUSED:
-        _stats_kernel[(npart, HC, B)](
-            q, k, v, pm, kbar, kbar_lp if need_v else dummy, vmean_lp if need_v else dummy,
-            ksig2 if need_pwt else dummy, qbar, q2 if need_pwt else dummy, hpart if need_h else dummy, *strides,
-            HC, T, n, g, npart, D=D, BS=bs, NEED_PWT=need_pwt, NEED_V=need_v, NEED_H=need_h,
-            HAS_PERM=perm is not None, H_DOT=h_dot, num_warps=8 if (need_h and D >= 128) else 4, num_stages=2,
+    db = min(STATS_DB, D)
+    nsplit = D // db
+    fin = torch.empty(B, HC, n, nsplit, device=dev, dtype=torch.int32) if need_h else None
+    _block_stats_kernel[(n * nsplit, HC, B)](
+        q, k, v, pm, kbar, kbar_lp if need_v else dummy, vmean_lp if need_v else dummy,
+        ksig2 if need_pwt else dummy, qbar, q2 if need_pwt else dummy, fin if need_h else dummy, *strides,
+        HC, T, n, D=D, DB=db, BS=bs, NEED_PWT=need_pwt, NEED_V=need_v, NEED_FIN=need_h, HAS_PERM=perm is not None,
+        num_warps=STATS_WARPS,
+    )
+    if need_h:
+        _hsum_kernel[(npart, HC, B)](
+            k, v, pm, kbar, fin, hpart, *strides[3:], HC, T, n, g, npart, D=D, BS=bs, NSPLIT=nsplit,
+            HAS_PERM=perm is not None, H_DOT=h_dot, num_warps=8 if D >= 128 else 4, num_stages=3,
         )
-    else:
-        fin = torch.empty(B, HC, n, device=dev, dtype=torch.int32) if need_h else None
-        _block_stats_kernel[(n, HC, B)](
-            q, k, v, pm, kbar, kbar_lp if need_v else dummy, vmean_lp if need_v else dummy,
-            ksig2 if need_pwt else dummy, qbar, q2 if need_pwt else dummy, fin if need_h else dummy, *strides,
-            HC, T, n, D=D, BS=bs, NEED_PWT=need_pwt, NEED_V=need_v, NEED_FIN=need_h, HAS_PERM=perm is not None,
-            num_warps=STATS_WARPS if D >= 128 else 4,
-        )
-        if need_h:
-            _hsum_kernel[(npart, HC, B)](
-                k, v, pm, kbar, fin, hpart, *strides[3:], HC, T, n, g, npart, D=D, BS=bs,
-                HAS_PERM=perm is not None, H_DOT=h_dot, num_warps=8 if D >= 128 else 4, num_stages=3,
-            )
     st = TritonStats(kbar, qbar, q2, ksig2, kbar_lp, vmean_lp, None, None, None, hpart)
     if need_hnorm:
         finalize_hbar(st, n, q.dtype)
