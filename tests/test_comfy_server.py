@@ -16,6 +16,7 @@ import pytest
 from comfy_server import PACK_DIR_NAME, comfy_server, http_json, post_json, skip_without_comfyui, wait_history
 
 pytestmark = pytest.mark.comfy
+COMFY_VERSIONED = True  # every test runs against each ComfyUI version's server (tests/conftest.py)
 
 skip_without_comfyui()
 
@@ -56,7 +57,7 @@ NODE_CLASS_MAPPINGS = {"PSATestZeroConditioning": PSATestZeroConditioning}
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, comfy_version):
     tmp = tmp_path_factory.mktemp("comfy_models")
     dirs = {}
     for folder, names in PLACEHOLDERS.items():
@@ -75,8 +76,8 @@ def server(tmp_path_factory):
     t0 = time.monotonic()
     with comfy_server({"psa_test_nodes.py": TEST_NODES}, diffusion_models=dirs["diffusion_models"],
                       model_dirs={"text_encoders": dirs["text_encoders"], "vae": dirs["vae"]},
-                      env={"PSA_DECISION_LOG": str(decision_log)}) as base:
-        print(f"ComfyUI up in {time.monotonic() - t0:.1f} s at {base}")
+                      env={"PSA_DECISION_LOG": str(decision_log)}, install=comfy_version) as base:
+        print(f"ComfyUI {comfy_version.version} up in {time.monotonic() - t0:.1f} s at {base}")
         yield base, decision_log
 
 
