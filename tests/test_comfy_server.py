@@ -33,9 +33,12 @@ ADVANCED = {"cov_bias", "min_tokens", "backend"}
 # model files named in the shipped workflows: empty placeholders make them valid combo values
 PLACEHOLDERS = {
     "diffusion_models": ["wan2.1_t2v_1.3B_fp16.safetensors", "wan2.1_t2v_14B_fp16.safetensors",
-                         "flux1-dev.safetensors"],
-    "text_encoders": ["umt5_xxl_fp8_e4m3fn_scaled.safetensors", "clip_l.safetensors", "t5xxl_fp16.safetensors"],
-    "vae": ["wan_2.1_vae.safetensors", "ae.safetensors"],
+                         "flux1-dev.safetensors", "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors",
+                         "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors", "wan2.2_ti2v_5B_fp16.safetensors",
+                         "qwen_image_fp8_e4m3fn.safetensors"],
+    "text_encoders": ["umt5_xxl_fp8_e4m3fn_scaled.safetensors", "clip_l.safetensors", "t5xxl_fp16.safetensors",
+                      "qwen_2.5_vl_7b_fp8_scaled.safetensors"],
+    "vae": ["wan_2.1_vae.safetensors", "ae.safetensors", "wan2.2_vae.safetensors", "qwen_image_vae.safetensors"],
 }
 
 TEST_NODES = '''
