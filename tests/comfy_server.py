@@ -72,12 +72,12 @@ def _vkey(v: str):
 
 
 @functools.lru_cache(maxsize=None)
-def _installs(env_value: str | None) -> tuple[ComfyInstall, ...]:
-    if env_value:  # explicit: exactly these checkouts (os.pathsep-separated)
-        cands = [Path(x).expanduser() for x in env_value.split(os.pathsep) if x]
-    else:  # ~/comfy/ComfyUI and its siblings ~/comfy/ComfyUI-<version> (what comfy_setup.sh makes)
-        base = Path.home() / "comfy" / "ComfyUI"
-        cands = [base] + sorted(base.parent.glob(base.name + "-*"))
+def _installs(env_value: str | None, exact: bool) -> tuple[ComfyInstall, ...]:
+    # each path and its siblings <path>-<version> (what comfy_setup.sh makes); a pytest child: exactly its one
+    bases = [Path(x).expanduser() for x in (env_value or str(Path.home() / "comfy" / "ComfyUI")).split(os.pathsep) if x]
+    cands = []
+    for base in bases:
+        cands += [base] if exact else [base] + sorted(base.parent.glob(base.name + "-*"))
     found, seen = [], set()
     for c in cands:
         if _is_checkout(c) and c.resolve() not in seen:
@@ -87,9 +87,9 @@ def _installs(env_value: str | None) -> tuple[ComfyInstall, ...]:
 
 
 def comfy_installs() -> tuple[ComfyInstall, ...]:
-    """Every ComfyUI checkout found, newest first: $COMFYUI_PATH (one path or several, os.pathsep-separated),
-    else ~/comfy/ComfyUI and ~/comfy/ComfyUI-*."""
-    return _installs(os.environ.get("COMFYUI_PATH"))
+    """Every ComfyUI checkout found, newest first: each of $COMFYUI_PATH (one path or several, os.pathsep-
+    separated; default ~/comfy/ComfyUI) with its siblings <path>-* (e.g. ~/comfy/ComfyUI-0.33.0)."""
+    return _installs(os.environ.get("COMFYUI_PATH"), bool(os.environ.get(CHILD_ENV)))
 
 
 def host_install() -> ComfyInstall | None:
