@@ -8,8 +8,8 @@ override installed before it as `prev`. Per sampling run it reads, for every att
   a DIFFUSION_MODEL wrapper at the start of every forward);
 - the step: the current sigma against `sample_sigmas` (a pass that starts where the previous one left
   off with leftover noise continues its step count);
-- the token grid: `grid_sizes` in newer ComfyUI, else the DIFFUSION_MODEL wrapper reads the latent's
-  shape (FLUX: text length from the context, image grid from the latent).
+- the token grid: `grid_sizes` in newer ComfyUI (Wan), else the DIFFUSION_MODEL wrapper reads the latent's
+  shape and the text length per model family (nodes/models.py; text in front or behind the latent tokens).
 `policy.call_reason` decides; the operator runs with Morton order and the text prefix untouched; every
 other call goes to the previous override or ComfyUI's own attention. An ON_PREPARE_STATE callback and the
 wrapper re-install the override if a later node displaced it without chaining.
@@ -34,6 +34,7 @@ from ..kernels import piecewise_sparse_attention, select_backend
 from ..kernels import dispatch as _dispatch
 from ..kernels.config import SparseConfig
 from . import policy
+from .models import ForwardInfo, forward_info, model_spec, token_order  # noqa: F401 (re-exported)
 
 log = logging.getLogger("piecewise_sparse_attention.nodes")
 
@@ -105,21 +106,6 @@ def reset_run(uid: str) -> None:
 # ---------------------------------------------------------------------------------------------------
 # per-forward layout
 
-@dataclass(frozen=True)
-class ForwardInfo:
-    family: str
-    grid: tuple[int, ...] | None  # token grid after the prefix
-    n_prefix: int
-    reason: str | None = None  # the whole forward stays dense (with this reason)
-    sigma: float | None = None  # read once per forward: on a GPU each read of a tensor is a device sync
-    step: tuple[int, int] | None = None
-    timing_known: bool = False
-
-    @property
-    def n_tokens(self) -> int | None:
-        return None if self.grid is None else self.n_prefix + math.prod(self.grid)
-
-
 _SCHEDULES: dict[tuple, tuple[weakref.ref, list[float]]] = {}
 
 
@@ -160,41 +146,6 @@ def _pass_offset(values: list[float]) -> int:
     if len(values) >= 2:
         _LAST_PASS[0] = (values[-1], offset + len(values) - 1)
     return offset
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-int(a) // int(b))
-
-
-def forward_info(family: str, diffusion_model, args, kwargs) -> ForwardInfo:
-    """Token layout of one forward from the diffusion model's own arguments (old and new ComfyUI)."""
-    x = args[0] if args else kwargs.get("x")
-    context = args[2] if len(args) > 2 else kwargs.get("context")
-    if not isinstance(x, torch.Tensor):
-        return ForwardInfo(family, None, 0, "latent not a tensor")
-    if family == "wan":
-        if x.dim() != 5:
-            return ForwardInfo(family, None, 0, f"Wan latent of rank {x.dim()}, expected 5")
-        p = tuple(getattr(diffusion_model, "patch_size", (1, 2, 2)))
-        t = x.shape[2]
-        tdc = args[4] if len(args) > 4 else kwargs.get("time_dim_concat")
-        if isinstance(tdc, torch.Tensor):
-            t = _ceil_div(t, p[0]) * p[0] + tdc.shape[2]
-        grid = (_ceil_div(t, p[0]), _ceil_div(x.shape[3], p[1]), _ceil_div(x.shape[4], p[2]))
-        reason = None
-        if isinstance(context, torch.Tensor) and context.shape[1] == math.prod(grid):
-            # old ComfyUI has no block index: self and cross-attention would be indistinguishable
-            reason = (f"the text context has as many tokens as the video ({context.shape[1]}); this ComfyUI "
-                      f"gives no block index, so self- and cross-attention cannot be told apart")
-        return ForwardInfo(family, grid, 0, reason)
-    if family == "flux":
-        if x.dim() != 4:
-            return ForwardInfo(family, None, 0, f"FLUX latent of rank {x.dim()}, expected 4")
-        p = int(getattr(diffusion_model, "patch_size", 2))
-        n_txt = int(context.shape[1]) if isinstance(context, torch.Tensor) else 0
-        grid = (_ceil_div(x.shape[2], p), _ceil_div(x.shape[3], p))
-        return ForwardInfo(family, grid, n_txt)
-    return ForwardInfo(family, None, 0, f"unknown family {family}")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -283,10 +234,10 @@ class SparseAttentionOverride:
         if "block_index" in to:
             b = int(to["block_index"])
             btype = str(to.get("block_type", ""))
-            if self.family == "flux" and "single" in btype:
+            if self.n_double and "single" in btype:  # FLUX, HunyuanVideo: single blocks numbered from 0
                 b += self.n_double
             return b
-        if not is_self:
+        if not is_self:  # counted: the joint self-attention calls of the forward (not refiners, not audio)
             return None
         bs = st.branches.setdefault(branch, BranchState())
         b = bs.self_calls % max(1, self.total_blocks)
@@ -313,17 +264,20 @@ class SparseAttentionOverride:
             q_len, k_len, head_dim = q.shape[1], k.shape[1], q.shape[2] // int(heads)
         st = run_state(self.uid)
         branch = (tuple(to.get("cond_or_uncond", ()) or ()), str(q.device))
-        block = self._block_index(to, st, branch, q_len == k_len)
 
         info: ForwardInfo | None = to.get(FORWARD_KEY)
-        grid, n_prefix, fwd_reason = None, 0, None
+        grid, n_prefix, n_suffix, fwd_reason, side = None, 0, 0, None, None
         if "grid_sizes" in to and self.family == "wan":
             grid = tuple(int(g) for g in to["grid_sizes"])
         elif info is not None:
-            grid, n_prefix, fwd_reason = info.grid, info.n_prefix, info.reason
+            grid, n_prefix, n_suffix, fwd_reason = info.grid, info.n_prefix, info.n_suffix, info.reason
+        if info is not None and q_len == k_len:
+            side = info.side_stream(int(q_len))
         if "block_index" in to and fwd_reason is not None and fwd_reason.startswith("the text context"):
             fwd_reason = None  # newer ComfyUI tells the blocks apart
-        n_expected = None if grid is None else n_prefix + math.prod(grid)
+        n_expected = None if grid is None else n_prefix + math.prod(grid) + n_suffix
+        block = self._block_index(to, st, branch, q_len == k_len and side is None
+                                  and (n_expected is None or q_len == n_expected))
 
         sigma, step = (info.sigma, info.step) if info is not None and info.timing_known else sigma_and_step(to)
 
@@ -331,7 +285,7 @@ class SparseAttentionOverride:
                            has_mask=bound.get("mask") is not None, n_tokens_expected=n_expected, block=block,
                            total_blocks=self.total_blocks, step=None if step is None else step[0],
                            n_steps=None if step is None else step[1], sigma=sigma,
-                           sigma_window=st.sigma_window, forward_reason=fwd_reason)
+                           sigma_window=st.sigma_window, forward_reason=fwd_reason, side_stream=side)
         reason = policy.call_reason(self.knobs, call)
         if reason is None:
             reason = slow_path_reason(q, int(head_dim), self.knobs)
@@ -353,13 +307,21 @@ class SparseAttentionOverride:
             b_, h_ = q.shape[0], int(heads)
             qh, kh, vh = (t.view(b_, t.shape[1], h_, head_dim).transpose(1, 2) for t in (q, k, v))
         kn = self.knobs
-        sinks = policy.resolve_sink_blocks(kn.sink_blocks, n_prefix, kn.block_size)
+        order = None
+        if n_suffix:  # exact tokens behind the grid: one permutation puts them in front (Morton composed in)
+            order = token_order(n_prefix, grid, n_suffix, kn.reorder == "morton", qh.device)
+            qh, kh, vh = (t.index_select(-2, order[0]) for t in (qh, kh, vh))
+            n_front, op_reorder, op_grid = n_prefix + n_suffix, "none", None
+        else:
+            n_front, op_reorder, op_grid = n_prefix, kn.reorder, grid if kn.reorder == "morton" else None
+        sinks = policy.resolve_sink_blocks(kn.sink_blocks, n_front, kn.block_size)
         try:
             out = piecewise_sparse_attention(
                 qh, kh, vh, density=kn.density, variant=kn.variant, band=kn.band, n_sink_blocks=sinks,
-                cov_bias=kn.cov_bias, block_size=kn.block_size, reorder=kn.reorder,
-                grid=grid if kn.reorder == "morton" else None, n_prefix=n_prefix, backend=kn.backend,
-                on_failure="raise")
+                cov_bias=kn.cov_bias, block_size=kn.block_size, reorder=op_reorder, grid=op_grid,
+                n_prefix=0 if order is not None else n_prefix, backend=kn.backend, on_failure="raise")
+            if order is not None:
+                out = out.index_select(-2, order[1])
         except Exception:
             st.tally.add("operator failed, ran dense")
             if log_once("kernel-failure", "piecewise sparse attention: the operator failed; this call and "
@@ -370,7 +332,7 @@ class SparseAttentionOverride:
 
         if self.probe_id is not None:
             try:
-                self._probe(func, args, kwargs, qh, kh, vh, out, call, sinks, n_prefix, grid, skip_output_reshape)
+                self._probe(func, args, kwargs, qh, kh, vh, out, call, sinks, n_front, op_grid, skip_output_reshape)
             except Exception:  # the probe only measures: its failure (e.g. out of memory) never breaks sampling
                 if log_once("probe-failure", "piecewise sparse attention: the probe's dense comparison failed; "
                             "sampling goes on without it (traceback below, logged once)", level=logging.ERROR):
@@ -605,15 +567,9 @@ def installed_override(model) -> SparseAttentionOverride | None:
 
 
 def model_layout(model) -> tuple[str | None, str | None, int, int]:
-    """(family, reason, total_blocks, n_double) of a ModelPatcher."""
-    base = getattr(model, "model", None)
-    dm = getattr(base, "diffusion_model", None)
-    family, reason = policy.model_family(type(base).__name__, type(dm).__name__)
-    if family == "wan":
-        return family, None, len(dm.blocks), 0
-    if family == "flux":
-        return family, None, len(dm.double_blocks) + len(dm.single_blocks), len(dm.double_blocks)
-    return None, reason, 0, 0
+    """(family, reason, total_blocks, n_double) of a ModelPatcher (nodes/models.py: by class hierarchy)."""
+    spec = model_spec(model)
+    return spec.family, spec.reason, spec.total_blocks, spec.n_double
 
 
 def apply_piecewise_sparse_attention(model, *, variant: str = "pwt", density: float = 0.125, band: int = 1,
@@ -624,7 +580,7 @@ def apply_piecewise_sparse_attention(model, *, variant: str = "pwt", density: fl
     """A clone of `model` (a ComfyUI ModelPatcher) whose self-attention runs piecewise sparse.
 
     Knobs are in operator units (fractions, ints, a tuple of block indices; see policy.Knobs). A model
-    that is not Wan2.1 or FLUX, or variant "off", comes back as a clone with attention untouched (one
+    of no family in policy.FAMILY_CLASSES, or variant "off", comes back as a clone with attention untouched (one
     log line). With `probe=True` the next sampling run also computes dense attention for every sparse
     call and records the error (read with `probe_id_of`)."""
     knobs = policy.Knobs(variant=variant, density=float(density), band=int(band), sink_blocks=sink_blocks,

@@ -19,11 +19,25 @@ AUTO_DENSE_STEP_FRACTION = 0.2
 SUPPORTED_HEAD_DIMS = (32, 64, 80, 96, 128, 256)
 SUPPORTED_DTYPES = ("torch.float16", "torch.bfloat16", "torch.float32")
 
-# ComfyUI model classes we know the token layout of: (model_base class, diffusion model class) -> family
-FAMILIES = {
-    ("WAN21", "WanModel"): "wan",
-    ("Flux", "Flux"): "flux",
+# ComfyUI diffusion-model classes whose token layout we know, matched anywhere in the class hierarchy of the
+# loaded model (so ComfyUI's subclasses count too: VACE, Camera, Animate, S2V Wan; LTX-2's LTXAVModel), never
+# by the exact class name. (module, class) -> family; nodes/models.py holds each family's token layout.
+FAMILY_CLASSES = {
+    ("comfy.ldm.wan.model", "WanModel"): "wan",  # Wan2.1, Wan2.2 A14B (WAN21) and TI2V 5B (WAN22), VACE, ...
+    ("comfy.ldm.flux.model", "Flux"): "flux",  # FLUX.1 dev/schnell, FLUX.2 (Flux2), Kontext
+    ("comfy.ldm.qwen_image.model", "QwenImageTransformer2DModel"): "qwen_image",
+    ("comfy.ldm.lumina.model", "NextDiT"): "lumina2",  # Lumina Image 2.0, Z-Image
+    ("comfy.ldm.hunyuan_video.model", "HunyuanVideo"): "hunyuan_video",  # HunyuanVideo 1.0 and 1.5
+    ("comfy.ldm.lightricks.model", "LTXVModel"): "ltxv",  # LTX-Video, LTX-2 (LTXAVModel)
 }
+# subclasses of a known class whose attention is not the parent's: (module, class) -> why they stay dense
+EXCLUDED_CLASSES = {
+    ("comfy.ldm.wan.ar_model", "CausalWanModel"): "causal (autoregressive) Wan attends to a KV cache",
+    ("comfy.ldm.flux.controlnet", "ControlNetFlux"): "a ControlNet, not a diffusion model",
+    ("comfy.ldm.qwen_image.controlnet", "QwenImageControlNetModel"): "a ControlNet, not a diffusion model",
+}
+SUPPORTED_MODELS = ("Wan2.1, Wan2.2 (A14B, TI2V 5B, VACE), FLUX.1, FLUX.2, Qwen-Image, Z-Image / Lumina 2, "
+                    "HunyuanVideo 1.0/1.5, LTX-Video / LTX-2")
 
 
 @dataclass(frozen=True)
@@ -124,13 +138,20 @@ def step_of(sigma: float, sample_sigmas) -> tuple[int, int] | None:
     return min(max(step, 0), n_steps - 1), n_steps
 
 
-def model_family(model_base_class: str, diffusion_model_class: str) -> tuple[str | None, str | None]:
-    """("wan" | "flux", None) for supported models, else (None, reason naming the class)."""
-    fam = FAMILIES.get((model_base_class, diffusion_model_class))
-    if fam is None:
-        return None, (f"{model_base_class} ({diffusion_model_class}) is not a supported model "
-                      f"(Wan2.1 T2V/I2V, FLUX.1 dev/schnell); attention stays dense")
-    return fam, None
+def model_family(hierarchy, model_name: str = "") -> tuple[str | None, str | None]:
+    """(family, None) when a class of the diffusion model's hierarchy is one we know, else (None, reason naming
+    the model). `hierarchy`: the (module, class name) pairs of type(diffusion_model).__mro__, most derived first;
+    `model_name` names the model in the reason (e.g. "WAN22 (WanModel)")."""
+    hierarchy = [tuple(h) for h in hierarchy]
+    name = model_name or (hierarchy[0][1] if hierarchy else "?")
+    for h in hierarchy:
+        why = EXCLUDED_CLASSES.get(h)
+        if why is not None:
+            return None, f"{name} is not supported ({why}); attention stays dense"
+        fam = FAMILY_CLASSES.get(h)
+        if fam is not None:
+            return fam, None
+    return None, f"{name} is not a supported model ({SUPPORTED_MODELS}); attention stays dense"
 
 
 def validate_knobs(k: Knobs) -> None:
@@ -168,6 +189,7 @@ class Call:
     sigma: float | None
     sigma_window: tuple[float, float] | None = None  # (start_sigma, end_sigma) resolved for this run
     forward_reason: str | None = None  # set when the whole forward is inert (e.g. unknown layout)
+    side_stream: str | None = None  # a SIDE_STREAMS key: a self-attention call outside the joint layout
 
 
 def call_reason(k: Knobs, c: Call) -> str | None:
@@ -178,6 +200,8 @@ def call_reason(k: Knobs, c: Call) -> str | None:
         return "cross-attention"
     if c.has_mask:
         return "attention mask present"
+    if c.side_stream is not None:
+        return SIDE_STREAMS.get(c.side_stream, f"{c.side_stream} self-attention")
     if c.forward_reason is not None:
         return c.forward_reason
     if c.head_dim not in SUPPORTED_HEAD_DIMS:
@@ -209,8 +233,15 @@ def call_reason(k: Knobs, c: Call) -> str | None:
     return None
 
 
+# self-attention calls of a forward outside its joint text+latent layout, kept dense as part of the design
+SIDE_STREAMS = {
+    "text": "text-only self-attention (a text refiner layer)",
+    "image": "image-only self-attention (a refiner layer before the joint blocks)",
+    "audio": "audio self-attention (LTX-2's audio stream)",
+}
 # reasons that are part of normal operation: logged at debug level, not announced
-ROUTINE_REASONS = ("cross-attention", "dense step", "dense block", "outside start_percent..end_percent")
+ROUTINE_REASONS = ("cross-attention", "dense step", "dense block", "outside start_percent..end_percent",
+                   *SIDE_STREAMS.values())
 
 
 def is_routine(reason: str) -> bool:

@@ -64,12 +64,29 @@ def test_step_of_maps_sigmas_and_in_between_evaluations():
     assert policy.step_of(0.5, None) is None and policy.step_of(0.5, [1.0]) is None
 
 
+def _mro(*pairs):
+    return [tuple(p.split(":")) for p in pairs] + [("torch.nn.modules.module", "Module"), ("builtins", "object")]
+
+
+def test_model_family_is_found_anywhere_in_the_class_hierarchy():
+    assert policy.model_family(_mro("comfy.ldm.wan.model:WanModel"), "WAN21 (WanModel)") == ("wan", None)
+    # Wan2.2 TI2V 5B is WAN22 around the same WanModel; VACE is a subclass of it
+    assert policy.model_family(_mro("comfy.ldm.wan.model:WanModel"), "WAN22 (WanModel)") == ("wan", None)
+    assert policy.model_family(_mro("comfy.ldm.wan.model:VaceWanModel", "comfy.ldm.wan.model:WanModel"))[0] == "wan"
+    assert policy.model_family(_mro("comfy.ldm.flux.model:Flux"), "Flux2 (Flux)") == ("flux", None)
+    assert policy.model_family(_mro("comfy.ldm.lightricks.av_model:LTXAVModel", "comfy.ldm.lightricks.model:LTXVModel",
+                                    "comfy.ldm.lightricks.model:LTXBaseModel"))[0] == "ltxv"
+    # a class of the same name from another module is not ours
+    assert policy.model_family(_mro("someone.else:WanModel"))[0] is None
+
+
 def test_model_family_names_the_class_of_unsupported_models():
-    assert policy.model_family("WAN21", "WanModel") == ("wan", None)
-    assert policy.model_family("Flux", "Flux") == ("flux", None)
-    fam, reason = policy.model_family("SDXL", "UNetModel")
-    assert fam is None and "SDXL" in reason and "UNetModel" in reason
-    assert policy.model_family("WAN22", "WanModel")[0] is None  # Wan2.2 5B: other layout, not claimed
+    fam, reason = policy.model_family(_mro("comfy.ldm.modules.diffusionmodules.openaimodel:UNetModel"),
+                                      "SDXL (UNetModel)")
+    assert fam is None and "SDXL (UNetModel)" in reason and "dense" in reason
+    fam, reason = policy.model_family(_mro("comfy.ldm.wan.ar_model:CausalWanModel", "comfy.ldm.wan.model:WanModel"),
+                                      "WAN21_CausalAR (CausalWanModel)")
+    assert fam is None and "KV cache" in reason
 
 
 def _call(**kw):
