@@ -316,6 +316,35 @@ def flux_node(density, backends, out):
     empty()
 
 
+def breakeven(outdir):
+    """The node's sparse call (auto backend, Morton over a square image grid, 512 text tokens first as sink
+    blocks) vs dense SDPA, FLUX-like 24 heads: the table nodes/breakeven_h200.json the node's policy reads."""
+    from kernels import piecewise_sparse_attention as psa
+    rows = []
+    sides = (48, 64, 80, 96, 128) if DEV == "cuda" else (8, 12)
+    for side in sides:
+        T = 512 + side * side
+        shape = (1, 24, T, 128) if DEV == "cuda" else (1, 2, T, 64)
+        q, k, v = (rnd(shape, s) for s in range(3))
+        d = {}
+        dense = timed(d, f"T{T}_sdpa_ms", lambda: F.scaled_dot_product_attention(q, k, v))
+        for density in (0.125, 0.2, 0.3):
+            kw = dict(density=density, variant="pwt", n_sink_blocks=8, reorder="morton", grid=(side, side),
+                      n_prefix=512)
+            t = timed(d, f"T{T}_d{density}_ms", lambda: psa(q, k, v, **kw))
+            if isinstance(t, float) and isinstance(dense, float):
+                rows.append([T, density, round(t, 4), round(dense, 4)])
+        del q, k, v
+        empty()
+    gpu = torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu"
+    table = {"gpu": gpu, "date": RES["env"]["date"], "heads": 24, "head_dim": 128,
+             "what": "pwt via kernels.piecewise_sparse_attention (backend auto, Morton, 512 text tokens as 8 sink "
+                     "blocks) vs F.scaled_dot_product_attention, bf16, median ms (bench/pieces.py --breakeven)",
+             "rows": rows}
+    RES["breakeven"] = table
+    (outdir / "breakeven_h200.json").write_text(json.dumps(table, indent=1))
+
+
 def main(argv=None):
     global REP
     ap = argparse.ArgumentParser()
@@ -327,6 +356,7 @@ def main(argv=None):
     ap.add_argument("--morton", action="store_true")
     ap.add_argument("--flux-node", action="store_true")
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--breakeven", action="store_true")
     ap.add_argument("--rep", type=int, default=100)
     ap.add_argument("--dry", action="store_true", help="CPU smoke test under TRITON_INTERPRET=1, tiny shapes")
     a = ap.parse_args(argv)
@@ -382,6 +412,12 @@ def main(argv=None):
             out["extra_error"] = traceback.format_exc()
             traceback.print_exc()
         (outdir / "pieces.json").write_text(json.dumps(RES, indent=1, default=str))
+    if a.breakeven:
+        try:
+            breakeven(outdir)
+        except Exception:
+            RES["breakeven_error"] = traceback.format_exc()
+            traceback.print_exc()
     if a.flux_node:
         try:
             flux_node(0.2, backends, RES)

@@ -288,7 +288,7 @@ class SparseAttentionOverride:
                            sigma_window=st.sigma_window, forward_reason=fwd_reason, side_stream=side)
         reason = policy.call_reason(self.knobs, call)
         if reason is None:
-            reason = slow_path_reason(q, int(head_dim), self.knobs)
+            reason = slow_path_reason(q, int(head_dim), self.knobs, q_len=int(q_len))
         if reason is not None:
             st.tally.add(reason)
         if reason is not None and not policy.is_routine(reason):
@@ -360,12 +360,18 @@ class SparseAttentionOverride:
             rec.pattern_where = (call.step, call.block)
 
 
-def slow_path_reason(q: torch.Tensor, head_dim: int, kn: policy.Knobs, *, on_gpu: bool | None = None) -> str | None:
+def slow_path_reason(q: torch.Tensor, head_dim: int, kn: policy.Knobs, *, on_gpu: bool | None = None,
+                     q_len: int | None = None) -> str | None:
     """With backend "auto" on a GPU, inputs that no fast kernel takes would run on the PyTorch reference,
     which is slower than dense attention there: such calls stay dense (the reason is logged once). On a CPU
-    the reference is what runs; an explicit backend (node input or PSA_BACKEND) is obeyed."""
+    the reference is what runs; an explicit backend (node input or PSA_BACKEND) is obeyed. Under "auto" on a GPU
+with a measured break-even table, sizes where the sparse operator is slower than dense stay dense too."""
     if kn.backend != "auto" or not (q.is_cuda if on_gpu is None else on_gpu):
         return None
+    if on_gpu is None and q_len is not None:
+        why = policy.breakeven_reason(_breakeven_table(), _gpu_name(q.device), q_len, kn.density)
+        if why is not None:
+            return why
     # once per (device, dtype, head_dim, knobs, PSA_BACKEND), not per attention call (`on_gpu` given: tests)
     key = (str(q.device), q.dtype, head_dim, kn.variant, kn.block_size, kn.cov_bias, os.environ.get("PSA_BACKEND"))
     if on_gpu is None and key in _SLOW_PATH:
@@ -377,6 +383,32 @@ def slow_path_reason(q: torch.Tensor, head_dim: int, kn: policy.Knobs, *, on_gpu
 
 
 _SLOW_PATH: dict[tuple, str | None] = {}
+_GPU_NAMES: dict[str, str] = {}
+_BREAKEVEN: list = []
+
+
+def _gpu_name(device) -> str | None:
+    key = str(device)
+    if key not in _GPU_NAMES:
+        try:
+            _GPU_NAMES[key] = torch.cuda.get_device_name(device)
+        except Exception:  # no name, no break-even rule
+            _GPU_NAMES[key] = ""
+    return _GPU_NAMES[key] or None
+
+
+def _breakeven_table() -> dict | None:
+    """nodes/breakeven_h200.json (measured by bench/pieces.py --breakeven), read once; None if unreadable."""
+    if not _BREAKEVEN:
+        path = os.path.join(os.path.dirname(__file__), "breakeven_h200.json")
+        try:
+            with open(path) as f:
+                _BREAKEVEN.append(json.load(f))
+        except (OSError, ValueError) as e:
+            log_once("breakeven-missing", "piecewise sparse attention: no break-even table (%s); sparse runs at "
+                     "every size above min_tokens", e)
+            _BREAKEVEN.append(None)
+    return _BREAKEVEN[0]
 
 
 def _slow_path_check(q: torch.Tensor, head_dim: int, kn: policy.Knobs) -> str | None:

@@ -264,3 +264,36 @@ class Tally:
     def summary(self) -> str:
         parts = [f"{self.sparse} sparse"] + [f"{n} dense ({r})" for r, n in sorted(self.dense.items())]
         return ", ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------------
+# break-even: below a measured size the sparse operator is slower than dense attention on that GPU
+
+def breakeven_reason(table: dict | None, gpu: str | None, q_len: int, density: float) -> str | None:
+    """Why a call of q_len tokens stays dense on `gpu` because the sparse path measured slower than dense
+    attention there, or None. `table` is nodes/breakeven_<gpu>.json: {"gpu": name, "rows": [[T, density,
+    sparse_ms, dense_ms], ...]} from bench/pieces.py --breakeven. The ratio sparse/dense is interpolated in
+    log T between the measured sizes of the nearest measured density at or above the call's (conservative);
+    outside the measured sizes the nearest one counts. A GPU without a table: no rule (None)."""
+    if not table or not gpu or table.get("gpu") != gpu:
+        return None
+    rows = [r for r in table.get("rows", []) if len(r) == 4 and r[2] > 0 and r[3] > 0]
+    if not rows:
+        return None
+    dens = sorted({float(r[1]) for r in rows})
+    d = next((x for x in dens if x >= density - 1e-9), dens[-1])
+    pts = sorted((int(r[0]), r[2] / r[3]) for r in rows if float(r[1]) == d)
+    if q_len <= pts[0][0]:
+        ratio = pts[0][1]
+    elif q_len >= pts[-1][0]:
+        ratio = pts[-1][1]
+    else:
+        for (t0, r0), (t1, r1) in zip(pts, pts[1:]):
+            if t0 <= q_len <= t1:
+                f = (math.log(q_len) - math.log(t0)) / max(1e-12, math.log(t1) - math.log(t0))
+                ratio = r0 + f * (r1 - r0)
+                break
+    if ratio < 1.0:
+        return None
+    return (f"{q_len} tokens at density {density:g}: the sparse operator measured {ratio:.2f}x the time of dense "
+            f"attention at this size on the {gpu} (break-even table), so dense is faster")

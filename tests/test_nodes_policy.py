@@ -147,3 +147,22 @@ def test_tally_summary():
     for r in (None, None, "dense step", "cross-attention", "dense step"):
         t.add(r)
     assert t.summary() == "2 sparse, 1 dense (cross-attention), 2 dense (dense step)"
+
+
+def test_breakeven_table_keeps_sizes_where_sparse_measured_slower_dense():
+    from nodes.policy import breakeven_reason
+    table = {"gpu": "NVIDIA H200", "rows": [[4608, 0.2, 0.45, 0.42], [16896, 0.2, 1.1, 3.9],
+                                            [4608, 0.125, 0.40, 0.42], [16896, 0.125, 0.9, 3.9]]}
+    # measured slower at 4608 for density 0.2 -> dense, with a reason naming the GPU and the ratio
+    why = breakeven_reason(table, "NVIDIA H200", 4608, 0.2)
+    assert why is not None and "NVIDIA H200" in why and "1.07x" in why
+    # faster at 16896, and interpolated in log T in between (the ratio crosses 1 just above 4608)
+    assert breakeven_reason(table, "NVIDIA H200", 16896, 0.2) is None
+    assert breakeven_reason(table, "NVIDIA H200", 9000, 0.2) is None
+    # the nearest measured density at or above the call's: 0.15 uses the 0.2 rows (conservative)
+    assert breakeven_reason(table, "NVIDIA H200", 4608, 0.15) is not None
+    assert breakeven_reason(table, "NVIDIA H200", 4608, 0.125) is None
+    # below the smallest measured size the smallest one counts; another GPU or no table: no rule
+    assert breakeven_reason(table, "NVIDIA H200", 1000, 0.2) is not None
+    assert breakeven_reason(table, "NVIDIA A100", 4608, 0.2) is None
+    assert breakeven_reason(None, "NVIDIA H200", 4608, 0.2) is None
