@@ -106,7 +106,8 @@ def scratch_bytes_per_head(T, D, cfg, elem_bytes, K) -> int:
     n = -(-T // cfg.block_size)
     pwt = cfg.variant == "pwt"
     need_h = cfg.variant in ("pisa", "pwt") or cfg.cov_bias
-    stats = (n * D * (8 + 2 * elem_bytes + (8 if pwt else 0)) + (D * D * (4 + elem_bytes) if need_h else 0)
+    stats = (n * D * (8 + 2 * elem_bytes + (8 if pwt else 0))
+             + (D * D * (4 + elem_bytes) + 4 if need_h else 0)
              + (4 * n if cfg.cov_bias else 0))
     bias_bytes = 2 if elem_bytes == 2 else 4
     if _stats.route_in_kernel(n):

@@ -74,7 +74,8 @@ def _hsum_kernel(
     D: tl.constexpr, BS: tl.constexpr, HAS_PERM: tl.constexpr,
 ):
     """sum_j H_j = sum_j (K_j - kbar_j)^T V_j over G blocks per program (split-K), one atomic add of the
-    [D, D] float32 partial per program. The blocks are those of the (permuted) token order."""
+    [D, D] float32 partial per program. The blocks are those of the (permuted) token order; blocks whose H_j
+    is not finite are skipped (H-bar = (1/N) sum of the finite H_j, kernels.routing.block_stats)."""
     i_g, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh = i_b * HC + i_h
     o_m = tl.arange(0, BS)
@@ -96,8 +97,12 @@ def _hsum_kernel(
         b_v = tl.load(p_v + o_r[:, None] * sv_t + o_d[None, :], mask=m_t[:, None], other=0.0)
         b_kf = b_k.to(tl.float32)
         b_kc = tl.where(m_t[:, None], b_kf - (tl.sum(b_kf, axis=0) / cnt)[None, :], 0.0)
-        b_h += tl.dot(tl.trans(b_kc.to(b_v.dtype)), b_v)  # [D, BS] x [BS, D]
-    tl.atomic_add(HSUM + i_bh * D * D + o_d[:, None] * D + o_d[None, :], b_h)
+        # non-finite contract: halved before the cast, |k - kbar| <= 2 max|k| fits a float16 (doubled below;
+        # exact scaling); a block whose H_j is not finite (an inf/NaN key or value) is left out of the sum
+        b_hj = tl.dot(tl.trans((b_kc * 0.5).to(b_v.dtype)), b_v)  # [D, BS] x [BS, D]
+        b_fin = tl.min(tl.min((tl.abs(b_hj) < float("inf")).to(tl.int32), axis=1), axis=0)
+        b_h += tl.where(b_fin > 0, b_hj, 0.0)
+    tl.atomic_add(HSUM + i_bh * D * D + o_d[:, None] * D + o_d[None, :], b_h * 2.0)
 
 
 @triton.jit
@@ -217,7 +222,8 @@ class TritonStats:
     kbar_lp: torch.Tensor  # [B, HC, N, D] input dtype
     vmean_lp: torch.Tensor  # [B, HC, N, D] input dtype (V-hat / n_j)
     hbar: torch.Tensor | None  # [B, HC, D, D] float32
-    hbar_lp: torch.Tensor | None  # [B, HC, D, D] input dtype
+    hbar_lp: torch.Tensor | None  # [B, HC, D, D] input dtype: hbar / hbar_scale
+    hbar_scale: torch.Tensor | None  # [B, HC] float32 power of two >= 1 keeping hbar_lp in a float16's range
     hnorm: torch.Tensor | None  # [B, HC, N] float32 (cov_bias)
 
 
@@ -264,9 +270,10 @@ def block_stats(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None,
             HC, T, n, g, D=D, BS=bs, HAS_PERM=perm is not None, num_warps=8 if D >= 128 else 4, num_stages=3,
         )
     hbar = hbar_lp = hnorm = None
+    hbar_scale = None
     if need_h:
         hbar = hsum.div_(n)
-        hbar_lp = hbar.to(q.dtype)
+        hbar_lp, hbar_scale = lowp_hbar(hbar, q.dtype)
     if need_hnorm:
         hnorm = torch.empty(B, HC, n, device=dev, dtype=f32)
         _hnorm_kernel[(n, HC, B)](
@@ -274,7 +281,20 @@ def block_stats(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None,
             k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
             HC, T, n, D=D, BS=bs, HAS_PERM=perm is not None, num_warps=8 if D >= 128 else 4,
         )
-    return TritonStats(kbar, qbar, q2, ksig2, kbar_lp, vmean_lp, hbar, hbar_lp, hnorm)
+    return TritonStats(kbar, qbar, q2, ksig2, kbar_lp, vmean_lp, hbar, hbar_lp, hbar_scale, hnorm)
+
+
+def lowp_hbar(hbar: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hbar / scale in `dtype`, scale [B, HC]): for float16 the per-head power of two >= 1 that keeps
+    max |hbar / scale| <= 2^14 (moderate keys and values already give an H-bar above 65504; the attention
+    kernel multiplies q (H-bar / scale) back by scale in float32); 1 for other dtypes (bfloat16 has float32's
+    range). No host sync."""
+    if dtype != torch.float16:
+        return hbar.to(dtype), torch.ones(hbar.shape[:-2], device=hbar.device, dtype=torch.float32)
+    amax = hbar.abs().amax(dim=(-1, -2))
+    scale = torch.exp2(torch.ceil(torch.log2(amax * 2.0 ** -14))).clamp_(min=1.0)
+    scale = torch.where(torch.isfinite(scale), scale, torch.ones_like(scale))
+    return (hbar / scale[..., None, None]).to(dtype), scale
 
 
 def bias_dtype(dtype: torch.dtype) -> torch.dtype:
