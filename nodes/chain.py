@@ -29,7 +29,8 @@ def is_ours(obj) -> bool:
 
 def foreign_sparse(obj):
     """(key, wrapped override) when `obj` is the core sparse node's override closure, else None. The key is the
-    identity of the node's state object (its closure variable `patch`), the same for every re-install."""
+    identity of the node's state object (its closure variable `patch`, else the first non-callable one), the same
+    for every re-install of one node."""
     if not isinstance(obj, types.FunctionType):
         return None
     if not str(getattr(obj, "__module__", "") or "").endswith(CORE_SPARSE_MODULE):
@@ -42,8 +43,8 @@ def foreign_sparse(obj):
             pass
     if "previous" not in cells:
         return None
-    key = id(cells["patch"]) if "patch" in cells else id(obj)
-    return key, cells["previous"]
+    state = cells.get("patch", next((c for n, c in cells.items() if n != "previous" and not callable(c)), None))
+    return (id(state) if state is not None else id(obj.__code__)), cells["previous"]
 
 
 def _links(obj) -> list:
