@@ -511,18 +511,18 @@ def apply_piecewise_sparse_attention(model, *, variant: str = "pwt", density: fl
                                      min_tokens: int = 4096, backend: str = "auto", probe: bool = False):
     """A clone of `model` (a ComfyUI ModelPatcher) whose self-attention runs piecewise sparse.
 
-    Knobs are in operator units (fractions, ints, a tuple of block indices; see policy.Knobs). A model
+    Knobs are in operator units (fractions, ints, a tuple of block indices; see policy.Knobs; `sink_blocks` and
+    `dense_blocks` may also be the node's text), checked by policy.knobs_from (ValueError naming the input). A model
     that is not Wan2.1 or FLUX, or variant "off", comes back as a clone with attention untouched (one
     log line). With `probe=True` the next sampling run also computes dense attention for every sparse
     call and records the error (read with `probe_id_of`)."""
-    knobs = policy.Knobs(variant=variant, density=float(density), band=int(band), sink_blocks=sink_blocks,
-                         dense_steps=int(dense_steps), start_percent=float(start_percent),
-                         end_percent=float(end_percent), dense_blocks=tuple(int(b) for b in dense_blocks),
-                         reorder=reorder, cov_bias=bool(cov_bias), min_tokens=int(min_tokens), backend=backend)
-    policy.validate_knobs(knobs)
+    knobs = policy.knobs_from(variant=variant, density=density, band=band, sink_blocks=sink_blocks,
+                              dense_steps=dense_steps, start_percent=start_percent, end_percent=end_percent,
+                              dense_blocks=dense_blocks, reorder=reorder, cov_bias=cov_bias, min_tokens=min_tokens,
+                              backend=backend)
     m = model.clone()
     _uninstall(m)
-    if variant == "off":
+    if knobs.variant == "off":
         log_once("variant-off", "piecewise sparse attention: variant is off, the model passes through dense")
         return m
     family, reason, total_blocks, n_double = model_layout(m)
