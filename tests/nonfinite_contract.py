@@ -216,6 +216,36 @@ def all_cases(backend, dtypes=("float32", "float16"), D=64, device="cpu"):
     return out
 
 
+def autograd_case(backend="triton"):
+    """Inputs that require grad: "auto" must differentiate (the torch reference while `backend` has no backward),
+    an explicit `backend` without a backward must raise naming it."""
+    import torch
+
+    from kernels import dispatch
+    from kernels import piecewise_sparse_attention as psa
+
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 2, 130, 64, generator=g).requires_grad_() for _ in range(3))
+    res = {"differentiable": backend in dispatch.DIFFERENTIABLE}
+    out = psa(q, k, v, density=0.5)
+    res["auto_grad_fn"] = out.grad_fn is not None
+    out.sum().backward()
+    res["grads_finite"] = all(bool(torch.isfinite(t.grad).all()) for t in (q, k, v))
+    try:
+        res["explicit_grad_fn"] = psa(q, k, v, density=0.5, backend=backend).grad_fn is not None
+        res["explicit_error"] = None
+    except ValueError as e:
+        res["explicit_grad_fn"], res["explicit_error"] = None, str(e)
+    with torch.no_grad():
+        res["no_grad_backend"] = dispatch.select_backend(q, _cfg(), "auto", k=k, v=v)[0]
+    return res
+
+
+def _cfg():
+    from kernels.config import SparseConfig
+    return SparseConfig(density=0.5, scale=0.125)
+
+
 def case_ids(dtypes=("float32", "float16")):
     poisoned = [f"{v}-d{d}-{dt}" for dt in dtypes for v in VARIANTS for d in DENSITIES]
     finite = [f"{kind}-{v}-d{d}" for kind, (ds, _) in FINITE_KINDS.items() for v in VARIANTS for d in ds]
@@ -227,4 +257,9 @@ if __name__ == "__main__":
     os.environ["TRITON_INTERPRET"] = "1"
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    print("RESULTS_JSON " + json.dumps(all_cases(sys.argv[1] if len(sys.argv) > 1 else "triton")))
+    res = all_cases(sys.argv[1] if len(sys.argv) > 1 else "triton")
+    try:
+        res["autograd"] = autograd_case()
+    except Exception:
+        res["autograd"] = {"error": traceback.format_exc()}
+    print("RESULTS_JSON " + json.dumps(res))

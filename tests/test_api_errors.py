@@ -190,3 +190,22 @@ def test_torch_reference_gradients_match_dense_attention_at_density_one():
 def reference_cfg():
     from kernels.config import SparseConfig
     return SparseConfig(density=0.5, scale=0.25)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_auto_differentiates_inputs_that_require_grad_and_explicit_backends_without_backward_raise():
+    # the same code trains on CPU and GPU: auto never hands back a detached output
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 256, 128, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+               for _ in range(3))
+    out = psa(q, k, v, density=0.5)
+    assert out.grad_fn is not None
+    out.float().square().sum().backward()
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (q, k, v))
+    for name in ("triton", "cute"):
+        if name in dispatch.DIFFERENTIABLE:
+            assert psa(q, k, v, density=0.5, backend=name).grad_fn is not None
+        else:
+            with pytest.raises(ValueError, match=f"backend='{name}'"):
+                psa(q, k, v, density=0.5, backend=name)

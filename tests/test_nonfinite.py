@@ -106,6 +106,43 @@ def test_finite_inputs_never_give_nan_or_inf__triton_interpreter(interp, case):
     check_finite(_finite("triton", case, interp), "triton")
 
 
+def test_inputs_that_require_grad_never_get_a_detached_output__triton_interpreter(interp):
+    # issue 12 class 4 on the real Triton backend: auto differentiates (the torch reference until the backward
+    # kernels land), an explicit backend="triton" raises naming it and the alternative
+    r = interp["autograd"]
+    assert "error" not in r, r.get("error")
+    assert r["auto_grad_fn"] and r["grads_finite"] and r["no_grad_backend"] == "triton"
+    if r["differentiable"]:
+        assert r["explicit_grad_fn"]
+    else:
+        assert "backend='triton'" in r["explicit_error"] and "backend='torch'" in r["explicit_error"]
+
+
+def test_one_inf_key_element_through_the_override_keeps_dense_attentions_finite_rows():
+    # the issue's example, as ComfyUI calls it: Wan layout [B, L, H*D], density 1 and 0.25
+    import comfy_inproc
+    comfy_inproc.load_pack()
+    from psa_pack.nodes import patch, policy
+
+    grid, heads, d = (3, 8, 16), 2, 64
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 384, heads * d, generator=g) for _ in range(3))
+    k[0, 100, 3] = float("inf")  # head 0, one key element
+    dense = nc.dense_float64(*(t.view(1, 384, heads, d).transpose(1, 2) for t in (q, k, v)))
+    ok_dense = nc.row_finite(dense)
+    assert 0 < int(ok_dense[0, 0].sum()) < 384 and bool(ok_dense[0, 1].all())
+    for density in (1.0, 0.25):
+        ov = patch.SparseAttentionOverride(policy.Knobs(density=density, dense_steps=0, dense_blocks=(), min_tokens=0,
+                                                        backend="torch"), family="wan", total_blocks=4)
+        out = ov(lambda *a, **kw: None, q, k, v, heads=heads, transformer_options={
+            "block_index": 1, "grid_sizes": grid, "sigmas": torch.tensor([0.5]),
+            "sample_sigmas": torch.tensor([1.0, 0.5, 0.0])})
+        ok = nc.row_finite(out.view(1, 384, heads, d).transpose(1, 2))
+        assert not (~ok & ok_dense).any(), density
+        if density == 1.0:
+            assert torch.equal(ok, ok_dense)
+
+
 def test_the_poisoned_block_is_exact_for_some_query_blocks_and_virtual_for_others():
     # the placements the contract claims: block 3 is the band of query block 3 and a virtual token elsewhere
     from kernels.config import SparseConfig
