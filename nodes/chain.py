@@ -121,14 +121,26 @@ def skip_foreign(prev, keys: frozenset):
     return prev
 
 
+_ASIDE: dict[tuple[int, str], tuple[object, str | None]] = {}
+
+
 def step_aside_reason(top, override) -> str | None:
-    """Why `override` must pass this call on (a core sparse node applied after it is above it), else None."""
+    """Why `override` must pass this call on (a core sparse node applied after it is above it), else None.
+    Decided once per (top of the chain, override), not per attention call."""
     if top is None or (is_ours(top) and top.uid == override.uid):
         return None
+    key = (id(top), override.uid)
+    hit = _ASIDE.get(key)
+    if hit is not None and hit[0] is top:
+        return hit[1]
     _, above = above_ours(top, override.uid)
-    if any(key not in override.foreign_below for key in above):
-        return (f"{CORE_NAME} is nearer the sampler (applied after this node): it decides, this node is skipped")
-    return None
+    reason = None
+    if any(k not in override.foreign_below for k in above):
+        reason = f"{CORE_NAME} is nearer the sampler (applied after this node): it decides, this node is skipped"
+    if len(_ASIDE) > 64:
+        _ASIDE.clear()
+    _ASIDE[key] = (top, reason)
+    return reason
 
 
 def ensure_installed(transformer_options: dict, override) -> bool:
