@@ -101,14 +101,12 @@ class PiecewiseSparseAttention(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, variant, density, band, sink_blocks, dense_steps, start_percent, end_percent,
-                        dense_blocks, reorder, cov_bias, min_tokens, backend):
-        # every widget input is checked here, with a message naming it (ComfyUI then skips its own range checks
-        # for these, and 0.3.x never checks a V3 combo's options); a linked input arrives as None and is skipped
-        why = policy.input_error(variant=variant, density=density, band=band, sink_blocks=sink_blocks,
-                                 dense_steps=dense_steps, start_percent=start_percent, end_percent=end_percent,
-                                 dense_blocks=dense_blocks, reorder=reorder, cov_bias=cov_bias, min_tokens=min_tokens,
-                                 backend=backend)
+    def validate_inputs(cls, variant, sink_blocks, start_percent, end_percent, dense_blocks, reorder, backend):
+        # the inputs ComfyUI cannot check itself (text, combos, start <= end) are checked here with a message
+        # naming the input; no **kwargs, so ComfyUI still range-checks the numbers (density, band, dense_steps,
+        # min_tokens) with its own errors. A linked input arrives as None and is skipped.
+        why = policy.input_error(variant=variant, sink_blocks=sink_blocks, start_percent=start_percent,
+                                 end_percent=end_percent, dense_blocks=dense_blocks, reorder=reorder, backend=backend)
         return True if why is None else why
 
     @classmethod

@@ -70,7 +70,7 @@ def test_apply_reads_the_nodes_text_for_dense_blocks_and_sink_blocks():
     assert policy.knobs_from(sink_blocks="auto").sink_blocks is None
 
 
-def test_the_nodes_validate_inputs_checks_every_widget_input():
+def test_the_nodes_validate_inputs_checks_what_comfyui_does_not():
     from comfy_server import comfyui_path
     if comfyui_path() is None:
         pytest.skip("ComfyUI checkout not found (COMFYUI_PATH or ~/comfy/ComfyUI)")
@@ -79,11 +79,15 @@ def test_the_nodes_validate_inputs_checks_every_widget_input():
     from psa_pack.nodes import comfy_nodes
 
     node = comfy_nodes.PiecewiseSparseAttention
-    schema = node.define_schema()
-    inputs = [i.id for i in schema.inputs if i.id != "model"]
-    assert list(inspect.signature(node.validate_inputs).parameters) == inputs  # ComfyUI passes them by name
-    assert node.validate_inputs(**UI_DEFAULTS) is True
-    why = node.validate_inputs(**dict(UI_DEFAULTS, sink_blocks="-3"))
-    assert isinstance(why, str) and why.startswith("sink_blocks")
-    why = node.validate_inputs(**dict(UI_DEFAULTS, density=float("nan")))
-    assert isinstance(why, str) and why.startswith("density")
+    checked = list(inspect.signature(node.validate_inputs).parameters)
+    assert checked == ["variant", "sink_blocks", "start_percent", "end_percent", "dense_blocks", "reorder", "backend"]
+    # every other number input has a range ComfyUI enforces itself (it skips that for the inputs listed above)
+    for inp in node.define_schema().inputs:
+        if inp.id not in checked and inp.id not in ("model", "cov_bias"):
+            d = inp.as_dict() if hasattr(inp, "as_dict") else {}
+            assert "min" in d and "max" in d, (inp.id, d)
+    ui = {name: UI_DEFAULTS[name] for name in checked}
+    assert node.validate_inputs(**ui) is True
+    for name, bad in (("sink_blocks", "-3"), ("dense_blocks", "0,x"), ("variant", "fast"), ("end_percent", 1.5)):
+        why = node.validate_inputs(**dict(ui, **{name: bad}))
+        assert isinstance(why, str) and why.startswith(name), why
