@@ -6,8 +6,8 @@ override installed before it as `prev`. Per sampling run it reads, for every att
 - the block index: `block_index`/`block_type` in newer ComfyUI, else by counting self-attention calls of
   the current forward (the counter lives in per-run state keyed by CFG branch and device and is reset by
   a DIFFUSION_MODEL wrapper at the start of every forward);
-- the step: the current sigma against `sample_sigmas` (a pass that starts where the previous one left
-  off with leftover noise continues its step count);
+- the step (nodes/layout.py): the current sigma against `sample_sigmas` (a pass that starts where the
+  previous one left off with leftover noise continues its step count);
 - the token grid: `grid_sizes` in newer ComfyUI (Wan), else the DIFFUSION_MODEL wrapper reads the latent's
   shape and the text length per model family (nodes/models.py; text in front or behind the latent tokens).
 `policy.call_reason` decides; the operator runs with Morton order and the text prefix untouched; every
@@ -25,7 +25,6 @@ import math
 import os
 import threading
 import uuid
-import weakref
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -33,7 +32,9 @@ import torch
 from ..kernels import piecewise_sparse_attention, select_backend
 from ..kernels import dispatch as _dispatch
 from ..kernels.config import SparseConfig
-from . import policy
+from . import chain, policy
+from .call import block_index_of, bind, grid_of, layout_of, unwrap, with_plain
+from .layout import _SCHEDULES, sigma_and_step  # noqa: F401 (tests read them here)
 from .models import ForwardInfo, forward_info, model_spec, token_order  # noqa: F401 (re-exported)
 
 log = logging.getLogger("piecewise_sparse_attention.nodes")
@@ -47,7 +48,6 @@ OVERRIDE = "optimized_attention_override"
 FORWARD_KEY = "psa_forward"  # transformer_options entry the wrapper sets for the current forward
 DECISION_LOG_ENV = "PSA_DECISION_LOG"
 
-_ARG_NAMES = ("q", "k", "v", "heads", "mask", "attn_precision", "skip_reshape", "skip_output_reshape")
 _lock = threading.Lock()  # serialises the decision log's appends
 _tls = threading.local()
 _logged = _dispatch._logged  # one "logged once" registry for the whole pack (tests reset it)
@@ -104,83 +104,7 @@ def reset_run(uid: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
-# per-forward layout
-
-_SCHEDULES: dict[tuple, tuple[weakref.ref, list[float]]] = {}
-
-
-def sigma_and_step(to: dict) -> tuple[float | None, tuple[int, int] | None]:
-    """The current sigma and (step, n_steps) from transformer_options; the schedule is read from the device
-    once per run (cached by tensor identity), not once per attention call."""
-    sig_t = to.get("sigmas")
-    if not isinstance(sig_t, torch.Tensor) or not sig_t.numel():
-        return None, None
-    sigma = float(sig_t.flatten()[0])
-    sched = to.get("sample_sigmas")
-    if isinstance(sched, torch.Tensor):
-        key = (id(sched), sched.data_ptr(), sched.numel())
-        hit = _SCHEDULES.get(key)
-        # a freed schedule's id and storage can be recycled by the next run's: check it is the same tensor
-        if hit is None or hit[0]() is not sched:
-            if len(_SCHEDULES) > 64:
-                _SCHEDULES.clear()
-            values = [float(x) for x in sched.detach().float().cpu().tolist()]
-            hit = _SCHEDULES[key] = (weakref.ref(sched), values, _pass_offset(values))
-        sched, offset = hit[1], hit[2]
-        step = policy.step_of(sigma, sched)
-        return sigma, None if step is None else (step[0] + offset, step[1] + offset)
-    return sigma, policy.step_of(sigma, sched)
-
-
-# the last schedule seen: (its last sigma, steps done by its end). A pass that starts where the previous one
-# stopped with leftover noise (two KSamplerAdvanced, Wan2.2 high/low noise models) continues its step count.
-_LAST_PASS: list = [None]
-
-
-def _pass_offset(values: list[float]) -> int:
-    offset = 0
-    last = _LAST_PASS[0]
-    if last is not None and len(values) >= 2 and last[0] > 0.0:
-        if abs(values[0] - last[0]) <= 1e-5 * max(1.0, abs(last[0])):
-            offset = last[1]
-    if len(values) >= 2:
-        _LAST_PASS[0] = (values[-1], offset + len(values) - 1)
-    return offset
-
-
-# ---------------------------------------------------------------------------------------------------
 # the override
-
-def _unwrap(x):
-    """Newer ComfyUI passes q/k/v in an AttentionTensorContainer: take the tensor out."""
-    if isinstance(x, torch.Tensor) or x is None:
-        return x
-    take = getattr(x, "take", None)
-    if callable(take):
-        return take()
-    for name in ("tensor", "data", "value"):
-        t = getattr(x, name, None)
-        if isinstance(t, torch.Tensor):
-            return t
-    return x
-
-
-def _bind(args, kwargs) -> dict:
-    bound = dict(zip(_ARG_NAMES, args))
-    bound.update(kwargs)
-    return bound
-
-
-def _with_plain(args, kwargs, q, k, v):
-    """The call's arguments with q/k/v as the plain tensors we took out of any container."""
-    args = list(args)
-    for i, (name, t) in enumerate((("q", q), ("k", k), ("v", v))):
-        if i < len(args):
-            args[i] = t
-        elif name in kwargs:
-            kwargs = {**kwargs, name: t}
-    return tuple(args), kwargs
-
 
 def _decision_log(entry: dict) -> None:
     path = os.environ.get(DECISION_LOG_ENV)
@@ -195,11 +119,14 @@ def _decision_log(entry: dict) -> None:
 class SparseAttentionOverride:
     """`optimized_attention_override(func, *args, **kwargs)`: sparse where the policy allows, else `prev`.
 
-    Picklable and deep-copyable (plain attributes); all mutable state is in module-level dicts keyed by
-    `uid`."""
+    Every exception before or inside the sparse path becomes a dense call (`prev`, else ComfyUI's `func`) with
+    one log line naming the reason; exceptions of the dense path itself are not ours to hide. Picklable and
+    deep-copyable (plain attributes); all mutable state is in module-level dicts keyed by `uid`."""
+
+    _psa_override = True  # how nodes/chain.py recognises ours
 
     def __init__(self, knobs: policy.Knobs, *, family: str, total_blocks: int, n_double: int = 0,
-                 prev=None, uid: str | None = None, probe_id: str | None = None):
+                 prev=None, uid: str | None = None, probe_id: str | None = None, foreign_below=frozenset()):
         self.knobs = knobs
         self.family = family
         self.total_blocks = int(total_blocks)
@@ -207,17 +134,26 @@ class SparseAttentionOverride:
         self.prev = prev
         self.uid = uid or uuid.uuid4().hex
         self.probe_id = probe_id
+        self.foreign_below = frozenset(foreign_below)  # core sparse nodes applied before ours (nodes/chain.py)
 
     def with_prev(self, prev) -> "SparseAttentionOverride":
         return SparseAttentionOverride(self.knobs, family=self.family, total_blocks=self.total_blocks,
-                                       n_double=self.n_double, prev=prev, uid=self.uid, probe_id=self.probe_id)
+                                       n_double=self.n_double, prev=prev, uid=self.uid, probe_id=self.probe_id,
+                                       foreign_below=self.foreign_below)
 
     def __repr__(self):
         return f"SparseAttentionOverride({self.family}, {self.knobs}, prev={self.prev!r})"
 
     def _next(self, func, args, kwargs):
-        if self.prev is not None:
-            return self.prev(func, *args, **kwargs)
+        prev = self.prev
+        if self.foreign_below:
+            prev = chain.skip_foreign(prev, self.foreign_below)
+            if prev is not self.prev:
+                log_once(f"skip-core:{self.uid}", "piecewise sparse attention: %s, applied before this node, is "
+                         "skipped (the sparse node nearer the sampler decides; never both on one call)",
+                         chain.CORE_NAME, level=logging.WARNING)
+        if prev is not None:
+            return prev(func, *args, **kwargs)
         return func(*args, **kwargs)
 
     def __call__(self, func, *args, **kwargs):
@@ -230,103 +166,132 @@ class SparseAttentionOverride:
         finally:
             _tls.inside = False
 
-    def _block_index(self, to: dict, st: RunState, branch: tuple, is_self: bool) -> int | None:
-        if "block_index" in to:
-            b = int(to["block_index"])
-            btype = str(to.get("block_type", ""))
-            if self.n_double and "single" in btype:  # FLUX, HunyuanVideo: single blocks numbered from 0
-                b += self.n_double
-            return b
+    def _dense(self, func, args, kwargs, reason: str, st: RunState | None = None, entry: dict | None = None):
+        """The call goes on dense (prev or ComfyUI's function); the reason is tallied and logged once."""
+        (st or run_state(self.uid)).tally.add(reason)
+        if not policy.is_routine(reason):
+            log_once(f"reason:{self.family}:{reason}", "piecewise sparse attention (%s): dense because %s",
+                     self.family, reason)
+        _decision_log({"family": self.family, "sparse": False, "reason": reason, "probe": self.probe_id is not None,
+                       **(entry or {})})
+        return self._next(func, args, kwargs)
+
+    def _block_index(self, to: dict, st: RunState, branch: tuple, is_self: bool):
+        """(block index or None, reason it is unreadable or None)."""
+        b, why = block_index_of(to)
+        if why is not None:
+            return None, why
+        if b is not None:
+            if self.n_double and "single" in str(to.get("block_type", "")):
+                b += self.n_double  # FLUX, HunyuanVideo: single blocks numbered from 0
+            return b, None
         if not is_self:  # counted: the joint self-attention calls of the forward (not refiners, not audio)
-            return None
+            return None, None
         bs = st.branches.setdefault(branch, BranchState())
         b = bs.self_calls % max(1, self.total_blocks)
         bs.self_calls += 1
-        return b
+        return b, None
 
     def _call(self, func, args, kwargs):
-        bound = _bind(args, kwargs)
-        q, k, v = (_unwrap(bound.get(n)) for n in ("q", "k", "v"))
+        try:
+            bound = bind(args, kwargs)
+            q, k, v = (unwrap(bound.get(n)) for n in ("q", "k", "v"))
+        except Exception as e:
+            return self._dense(func, args, kwargs, f"its q/k/v could not be read ({type(e).__name__}: {e})")
         if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
-            log_once("no-tensors", "piecewise sparse attention: q/k/v are not tensors (%s); attention stays "
-                     "dense", type(bound.get("q")).__name__, level=logging.WARNING)
-            return self._next(func, args, kwargs)
-        args, kwargs = _with_plain(args, kwargs, q, k, v)
+            return self._dense(func, args, kwargs, f"q/k/v are not tensors ({type(bound.get('q')).__name__})")
+        args, kwargs = with_plain(args, kwargs, q, k, v)
+        try:
+            plan = self._plan(bound, q, k, v)
+        except Exception as e:  # a call this version does not understand: dense, never a broken sampling run
+            if log_once(f"plan-failure:{type(e).__name__}", "piecewise sparse attention: reading an attention call "
+                        "failed; it runs dense (traceback below, logged once)", level=logging.ERROR):
+                log.exception("piecewise sparse attention: call traceback")
+            return self._dense(func, args, kwargs, f"the call could not be read ({type(e).__name__}: {e})")
+        reason, st, entry = plan[0], plan[1], plan[2]
+        if reason is not None:
+            return self._dense(func, args, kwargs, reason, st, entry)
+        _decision_log({"family": self.family, "sparse": True, "reason": None, "probe": self.probe_id is not None,
+                       **entry})
+        return self._sparse(func, args, kwargs, bound, q, k, v, *plan[1:])
+
+    def _plan(self, bound, q, k, v):
+        """(reason or None, run state, decision-log entry, call, layout, grid, n_prefix)."""
         to = bound.get("transformer_options") or {}
-        heads = bound.get("heads")
-        skip_reshape = bool(bound.get("skip_reshape", False))
-        skip_output_reshape = bool(bound.get("skip_output_reshape", False))
-        if skip_reshape:
-            q_len, k_len, head_dim = q.shape[2], k.shape[2], q.shape[3]
-        else:
-            if not heads:
-                return self._next(func, args, kwargs)
-            q_len, k_len, head_dim = q.shape[1], k.shape[1], q.shape[2] // int(heads)
+        if not isinstance(to, dict):
+            return f"transformer_options is a {type(to).__name__}", run_state(self.uid), {}, None, None, None, 0
+        lay = layout_of(bound, q, k, v)
         st = run_state(self.uid)
         branch = (tuple(to.get("cond_or_uncond", ()) or ()), str(q.device))
-
         info: ForwardInfo | None = to.get(FORWARD_KEY)
         grid, n_prefix, n_suffix, fwd_reason, side = None, 0, 0, None, None
-        if "grid_sizes" in to and self.family == "wan":
-            grid = tuple(int(g) for g in to["grid_sizes"])
+        if to.get("grid_sizes") is not None and self.family == "wan":
+            try:
+                grid = grid_of(to["grid_sizes"])
+            except ValueError as e:
+                fwd_reason = f"grid_sizes unreadable ({e})"
         elif info is not None:
             grid, n_prefix, n_suffix, fwd_reason = info.grid, info.n_prefix, info.n_suffix, info.reason
-        if info is not None and q_len == k_len:
-            side = info.side_stream(int(q_len))
-        if "block_index" in to and fwd_reason is not None and fwd_reason.startswith("the text context"):
-            fwd_reason = None  # newer ComfyUI tells the blocks apart
+        is_joint = lay.q_len is not None and lay.q_len == lay.k_len
+        if info is not None and is_joint:
+            side = info.side_stream(int(lay.q_len))
         n_expected = None if grid is None else n_prefix + math.prod(grid) + n_suffix
-        block = self._block_index(to, st, branch, q_len == k_len and side is None
-                                  and (n_expected is None or q_len == n_expected))
-
+        block, block_why = self._block_index(to, st, branch, is_joint and side is None
+                                             and (n_expected is None or lay.q_len == n_expected))
+        entry = {"block": block, "q_len": lay.q_len, "k_len": lay.k_len, "branch": list(branch[0]), "step": None,
+                 "n_steps": None}
+        if lay.q_len is None or (lay.reason is not None and lay.q_len == lay.k_len):
+            return lay.reason, st, entry, None, lay, None, 0, 0
+        if block_why is None and to.get("block_index") is not None and fwd_reason is not None \
+                and fwd_reason.startswith("the text context"):
+            fwd_reason = None  # newer ComfyUI tells the blocks apart
+        fwd_reason = fwd_reason or block_why or chain.step_aside_reason(to.get(chain.OVERRIDE), self)
         sigma, step = (info.sigma, info.step) if info is not None and info.timing_known else sigma_and_step(to)
-
-        call = policy.Call(q_len=int(q_len), k_len=int(k_len), head_dim=int(head_dim), dtype=str(q.dtype),
-                           has_mask=bound.get("mask") is not None, n_tokens_expected=n_expected, block=block,
-                           total_blocks=self.total_blocks, step=None if step is None else step[0],
-                           n_steps=None if step is None else step[1], sigma=sigma,
-                           sigma_window=st.sigma_window, forward_reason=fwd_reason, side_stream=side)
+        call = policy.Call(q_len=int(lay.q_len), k_len=int(lay.k_len), head_dim=int(lay.head_dim or 0),
+                           dtype=str(q.dtype), has_mask=bound.get("mask") is not None, n_tokens_expected=n_expected,
+                           block=block, total_blocks=self.total_blocks, step=None if step is None else step[0],
+                           n_steps=None if step is None else step[1], sigma=sigma, sigma_window=st.sigma_window,
+                           forward_reason=fwd_reason, side_stream=side)
+        entry.update(step=call.step, n_steps=call.n_steps)
         reason = policy.call_reason(self.knobs, call)
         if reason is None:
-            reason = slow_path_reason(q, int(head_dim), self.knobs, q_len=int(q_len))
-        if reason is not None:
-            st.tally.add(reason)
-        if reason is not None and not policy.is_routine(reason):
-            log_once(f"reason:{self.family}:{reason}", "piecewise sparse attention (%s): dense because %s",
-                     self.family, reason)
-        _decision_log({"family": self.family, "block": block, "step": call.step, "n_steps": call.n_steps,
-                       "q_len": call.q_len, "k_len": call.k_len, "branch": list(branch[0]),
-                       "sparse": reason is None, "reason": reason, "probe": self.probe_id is not None})
-        if reason is not None:
-            return self._next(func, args, kwargs)
+            reason = slow_path_reason(q, int(lay.head_dim), self.knobs, q_len=int(lay.q_len))
+        return reason, st, entry, call, lay, grid, n_prefix, n_suffix
 
-        # [B, H, T, D] views for the operator
-        if skip_reshape:
-            qh, kh, vh = q, k, v
-        else:
-            b_, h_ = q.shape[0], int(heads)
-            qh, kh, vh = (t.view(b_, t.shape[1], h_, head_dim).transpose(1, 2) for t in (q, k, v))
+    def _sparse(self, func, args, kwargs, bound, q, k, v, st, entry, call, lay, grid, n_prefix, n_suffix):
         kn = self.knobs
+        skip_reshape = bool(bound.get("skip_reshape", False))
+        skip_output_reshape = bool(bound.get("skip_output_reshape", False))
         order = None
         if n_suffix:  # exact tokens behind the grid: one permutation puts them in front (Morton composed in)
-            order = token_order(n_prefix, grid, n_suffix, kn.reorder == "morton", qh.device)
-            qh, kh, vh = (t.index_select(-2, order[0]) for t in (qh, kh, vh))
             n_front, op_reorder, op_grid = n_prefix + n_suffix, "none", None
         else:
             n_front, op_reorder, op_grid = n_prefix, kn.reorder, grid if kn.reorder == "morton" else None
         sinks = policy.resolve_sink_blocks(kn.sink_blocks, n_front, kn.block_size)
         try:
+            # [B, H, T, D] views for the operator
+            if skip_reshape:
+                qh, kh, vh = q, k, v
+            else:
+                qh, kh, vh = (t.view(t.shape[0], t.shape[1], lay.heads, lay.head_dim).transpose(1, 2)
+                              for t in (q, k, v))
+            if n_suffix:
+                order = token_order(n_prefix, grid, n_suffix, kn.reorder == "morton", qh.device)
+                qh, kh, vh = (t.index_select(-2, order[0]) for t in (qh, kh, vh))
             out = piecewise_sparse_attention(
                 qh, kh, vh, density=kn.density, variant=kn.variant, band=kn.band, n_sink_blocks=sinks,
-                cov_bias=kn.cov_bias, block_size=kn.block_size, reorder=op_reorder, grid=op_grid,
+                cov_bias=kn.cov_bias, block_size=kn.block_size, scale=lay.scale, reorder=op_reorder, grid=op_grid,
                 n_prefix=0 if order is not None else n_prefix, backend=kn.backend, on_failure="raise")
             if order is not None:
                 out = out.index_select(-2, order[1])
-        except Exception:
-            st.tally.add("operator failed, ran dense")
+            flat = out if skip_output_reshape else out.transpose(1, 2).reshape(out.shape[0], out.shape[2], -1)
+        except Exception as e:
             if log_once("kernel-failure", "piecewise sparse attention: the operator failed; this call and "
                         "later failures run dense (traceback below, logged once)", level=logging.ERROR):
                 log.exception("piecewise sparse attention: operator traceback")
+            log_once(f"kernel-failure:{type(e).__name__}:{e}", "piecewise sparse attention: operator failure: "
+                     "%s: %s", type(e).__name__, e, level=logging.WARNING)
+            st.tally.add("operator failed, ran dense")
             return self._next(func, args, kwargs)
         st.tally.add(None)
 
@@ -337,10 +302,7 @@ class SparseAttentionOverride:
                 if log_once("probe-failure", "piecewise sparse attention: the probe's dense comparison failed; "
                             "sampling goes on without it (traceback below, logged once)", level=logging.ERROR):
                     log.exception("piecewise sparse attention: probe traceback")
-
-        if skip_output_reshape:
-            return out
-        return out.transpose(1, 2).reshape(out.shape[0], out.shape[2], -1)
+        return flat
 
     def _probe(self, func, args, kwargs, qh, kh, vh, out, call, sinks, n_prefix, grid, skip_output_reshape):
         """Side-by-side: the dense result of this very call, its relative error, one kept-block pattern."""
@@ -348,7 +310,7 @@ class SparseAttentionOverride:
         rec.knobs, rec.family, rec.total_blocks, rec.n_steps = self.knobs, self.family, self.total_blocks, call.n_steps
         rec.tokens = call.q_len
         with torch.no_grad():
-            dense = _unwrap(self._next(func, args, kwargs))
+            dense = unwrap(self._next(func, args, kwargs))
             if not skip_output_reshape:
                 dense = dense.view(out.shape[0], out.shape[2], out.shape[1], out.shape[3]).transpose(1, 2)
             d = dense.float()
@@ -444,41 +406,20 @@ def _kept_pattern(qh, kh, vh, kn: policy.Knobs, sinks: int, n_prefix: int, grid)
 # ---------------------------------------------------------------------------------------------------
 # keeping the override installed
 
-def _chain_contains(obj, uid: str, depth: int = 0) -> bool:
-    """Best effort: does this override (or what it wraps) contain our override `uid`?"""
-    if obj is None or depth > 8:
-        return False
-    if isinstance(obj, SparseAttentionOverride):
-        return obj.uid == uid or _chain_contains(obj.prev, uid, depth + 1)
-    inner = []
-    for name in ("prev", "previous", "__wrapped__", "func", "__self__", "orig", "original"):
-        inner.append(getattr(obj, name, None))
-    inner.extend(getattr(obj, "args", ()) or ())
-    for cell in getattr(obj, "__closure__", None) or ():
-        try:
-            inner.append(cell.cell_contents)
-        except ValueError:
-            pass
-    d = getattr(obj, "__dict__", None)
-    if isinstance(d, dict):
-        inner.extend(d.values())
-    return any(x is not obj and callable(x) and _chain_contains(x, uid, depth + 1) for x in inner)
-
-
-def ensure_installed(transformer_options: dict, override: SparseAttentionOverride) -> bool:
-    """Re-install `override` if a later node displaced it without chaining; True when it re-installed."""
+def ensure_installed(transformer_options: dict, override: SparseAttentionOverride, *, settle: bool = True) -> bool:
+    """Keep `override` in the chain (re-installed in front if a later node displaced it without chaining) and,
+    with `settle`, on top when the core sparse nodes above it were applied before it (nodes/chain.py; done on a
+    forward's own transformer_options, never on the sampler's, which the core node re-wraps every step); True
+    when it moved."""
     if not isinstance(transformer_options, dict):
         return False
     cur = transformer_options.get(OVERRIDE)
-    if _chain_contains(cur, override.uid):
-        return False
-    if isinstance(cur, SparseAttentionOverride):
-        return False  # another of our nodes, applied later, replaced this one on purpose
-    transformer_options[OVERRIDE] = override.with_prev(cur)
-    if cur is not None:
-        log_once(f"reinstall:{override.uid}", "piecewise sparse attention: another node replaced the attention "
-                 "override without chaining it; re-installed ours in front (it runs the calls we leave dense)")
-    return True
+    if chain.ensure_installed(transformer_options, override):
+        if cur is not None:
+            log_once(f"reinstall:{override.uid}", "piecewise sparse attention: another node replaced the attention "
+                     "override without chaining it; re-installed ours in front (it runs the calls we leave dense)")
+        return True
+    return settle and chain.settle(transformer_options, override)
 
 
 class ForwardWrapper:
@@ -528,10 +469,10 @@ class PrepareStateCallback:
     def __call__(self, *args, **kwargs):
         patcher = _patcher_in(args, kwargs)
         if patcher is not None:
-            ensure_installed(patcher.model_options.setdefault("transformer_options", {}), self.override)
+            ensure_installed(patcher.model_options.setdefault("transformer_options", {}), self.override, settle=False)
         for a in list(args) + list(kwargs.values()):
             if isinstance(a, dict) and isinstance(a.get("transformer_options"), dict):
-                ensure_installed(a["transformer_options"], self.override)
+                ensure_installed(a["transformer_options"], self.override, settle=False)
 
 
 class PreRunCallback:
@@ -611,18 +552,18 @@ def apply_piecewise_sparse_attention(model, *, variant: str = "pwt", density: fl
                                      min_tokens: int = 4096, backend: str = "auto", probe: bool = False):
     """A clone of `model` (a ComfyUI ModelPatcher) whose self-attention runs piecewise sparse.
 
-    Knobs are in operator units (fractions, ints, a tuple of block indices; see policy.Knobs). A model
+    Knobs are in operator units (fractions, ints, a tuple of block indices; see policy.Knobs; `sink_blocks` and
+    `dense_blocks` may also be the node's text), checked by policy.knobs_from (ValueError naming the input). A model
     of no family in policy.FAMILY_CLASSES, or variant "off", comes back as a clone with attention untouched (one
     log line). With `probe=True` the next sampling run also computes dense attention for every sparse
     call and records the error (read with `probe_id_of`)."""
-    knobs = policy.Knobs(variant=variant, density=float(density), band=int(band), sink_blocks=sink_blocks,
-                         dense_steps=int(dense_steps), start_percent=float(start_percent),
-                         end_percent=float(end_percent), dense_blocks=tuple(int(b) for b in dense_blocks),
-                         reorder=reorder, cov_bias=bool(cov_bias), min_tokens=int(min_tokens), backend=backend)
-    policy.validate_knobs(knobs)
+    knobs = policy.knobs_from(variant=variant, density=density, band=band, sink_blocks=sink_blocks,
+                              dense_steps=dense_steps, start_percent=start_percent, end_percent=end_percent,
+                              dense_blocks=dense_blocks, reorder=reorder, cov_bias=cov_bias, min_tokens=min_tokens,
+                              backend=backend)
     m = model.clone()
     _uninstall(m)
-    if variant == "off":
+    if knobs.variant == "off":
         log_once("variant-off", "piecewise sparse attention: variant is off, the model passes through dense")
         return m
     family, reason, total_blocks, n_double = model_layout(m)
@@ -630,8 +571,10 @@ def apply_piecewise_sparse_attention(model, *, variant: str = "pwt", density: fl
         log_once(f"family:{reason}", "piecewise sparse attention: %s", reason)
         return m
     to = m.model_options.setdefault("transformer_options", {})
-    override = SparseAttentionOverride(knobs, family=family, total_blocks=total_blocks, n_double=n_double,
-                                       prev=to.get(OVERRIDE), probe_id=uuid.uuid4().hex if probe else None)
+    prev = to.get(OVERRIDE)
+    override = SparseAttentionOverride(knobs, family=family, total_blocks=total_blocks, n_double=n_double, prev=prev,
+                                       probe_id=uuid.uuid4().hex if probe else None,
+                                       foreign_below=chain.foreign_below(prev))
     to[OVERRIDE] = override
     m.add_wrapper_with_key(WRAPPER_DIFFUSION_MODEL, KEY, ForwardWrapper(override))
     m.add_callback_with_key(CB_PREPARE_STATE, KEY, PrepareStateCallback(override))

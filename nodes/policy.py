@@ -7,6 +7,7 @@ converted (fractions, sets of block indices, sigmas); the node's `execute` does 
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
 VARIANTS = ("pwt", "pisa", "drop", "off")
@@ -154,20 +155,93 @@ def model_family(hierarchy, model_name: str = "") -> tuple[str | None, str | Non
     return None, f"{name} is not a supported model ({SUPPORTED_MODELS}); attention stays dense"
 
 
+def _real(name: str, x, what: str) -> float:
+    if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(float(x)):
+        raise ValueError(f"{name} must be {what}, got {x!r}")
+    return float(x)
+
+
+def _integer(name: str, x, what: str) -> int:
+    v = _real(name, x, what)
+    if not v.is_integer():
+        raise ValueError(f"{name} must be {what}, got {x!r}")
+    return int(v)
+
+
+def _choice(name: str, x, options: tuple[str, ...]) -> str:
+    if not isinstance(x, str) or x not in options:
+        raise ValueError(f"{name} must be one of {', '.join(options)}, got {x!r}")
+    return x
+
+
+def knobs_from(*, variant="pwt", density=0.125, band=1, sink_blocks=None, dense_steps=-1, start_percent=0.0,
+               end_percent=1.0, dense_blocks=(0, -1), reorder="morton", cov_bias=False, min_tokens=4096,
+               backend="auto") -> Knobs:
+    """The node's knobs from a caller's values, checked: ValueError naming the input and what to pass.
+
+    Operator units (fractions, ints, a tuple of block indices); `sink_blocks` and `dense_blocks` may also be
+    the node's text ("auto", "0,-1")."""
+    if isinstance(sink_blocks, str):
+        sink_blocks = parse_sink_blocks(sink_blocks)
+    elif sink_blocks is not None:
+        sink_blocks = _integer("sink_blocks", sink_blocks, "\"auto\" (None) or an integer >= 0")
+        if sink_blocks < 0:
+            raise ValueError(f"sink_blocks must be \"auto\" (None) or an integer >= 0, got {sink_blocks}")
+    if isinstance(dense_blocks, str):
+        dense_blocks = parse_dense_blocks(dense_blocks)
+    else:
+        try:
+            items = list(dense_blocks)
+        except TypeError:
+            raise ValueError(f"dense_blocks must be block indices like (0, -1) or text like \"0,-1\", got "
+                             f"{dense_blocks!r}") from None
+        dense_blocks = tuple(_integer("dense_blocks", b, "block indices like (0, -1)") for b in items)
+    if not isinstance(cov_bias, bool):
+        raise ValueError(f"cov_bias must be True or False, got {cov_bias!r}")
+    k = Knobs(variant=_choice("variant", variant, VARIANTS),
+              density=_real("density", density, "a number in (0, 1] (the exact fraction of key blocks)"),
+              band=_integer("band", band, "an integer >= 0"), sink_blocks=sink_blocks,
+              dense_steps=_integer("dense_steps", dense_steps, "-1 (auto), 0 or a number of steps"),
+              start_percent=_real("start_percent", start_percent, "a number in 0..1"),
+              end_percent=_real("end_percent", end_percent, "a number in 0..1"), dense_blocks=dense_blocks,
+              reorder=_choice("reorder", reorder, REORDERS), cov_bias=cov_bias,
+              min_tokens=_integer("min_tokens", min_tokens, "an integer >= 0"),
+              backend=_choice("backend", backend, BACKENDS))
+    validate_knobs(k)
+    return k
+
+
+def input_error(**values) -> str | None:
+    """The node's validate_inputs: the message for the first invalid input among `values` (UI units; a linked
+    input arrives as None and is skipped), else None."""
+    try:
+        knobs_from(**{name: v for name, v in values.items() if v is not None})
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def validate_knobs(k: Knobs) -> None:
     """ValueError for values the UI could not have produced (API prompts, scripts)."""
     if k.variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {k.variant!r}")
     if not (0.0 < k.density <= 1.0):
-        raise ValueError(f"density must be in (0, 1], got {k.density}")
+        raise ValueError(f"density must be in (0, 1] (the exact fraction of key blocks), got {k.density}")
     if k.band < 0:
         raise ValueError(f"band must be >= 0, got {k.band}")
+    if k.sink_blocks is not None and k.sink_blocks < 0:
+        raise ValueError(f"sink_blocks must be \"auto\" (None) or an integer >= 0, got {k.sink_blocks}")
+    if k.dense_steps < -1:
+        raise ValueError(f"dense_steps must be -1 (auto), 0 or a number of steps, got {k.dense_steps}")
     if k.reorder not in REORDERS:
         raise ValueError(f"reorder must be one of {REORDERS}, got {k.reorder!r}")
     if k.backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {k.backend!r}")
-    if not (0.0 <= k.start_percent <= k.end_percent <= 1.0):
-        raise ValueError(f"need 0 <= start_percent <= end_percent <= 1, got {k.start_percent}, {k.end_percent}")
+    for name in ("start_percent", "end_percent"):
+        if not 0.0 <= getattr(k, name) <= 1.0:
+            raise ValueError(f"{name} must be within 0..1, got {getattr(k, name)}")
+    if k.start_percent > k.end_percent:
+        raise ValueError(f"start_percent ({k.start_percent}) must not be after end_percent ({k.end_percent})")
     if k.min_tokens < 0:
         raise ValueError(f"min_tokens must be >= 0, got {k.min_tokens}")
 

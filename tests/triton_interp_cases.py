@@ -125,7 +125,7 @@ def _():
         st = stats.block_stats(q, k, v, cfg)
         idx, vbias = stats.route(st, cfg, q.dtype)
         held = [x for x in (st.kbar, st.qbar, st.q2, st.ksig2, st.kbar_lp, st.vmean_lp, st.hpart, st.hbar,
-                            st.hbar_lp, st.hnorm, idx, vbias) if x is not None]
+                            st.hbar_lp, st.hbar_scale, st.hnorm, idx, vbias) if x is not None]
         actual = sum(x.numel() * x.element_size() for x in held)
         est = 2 * 3 * kt.scratch_bytes_per_head(200, 64, cfg, 2, idx.shape[-1], bh=2 * 3, device=q.device)
         out[var] = {"max_abs_diff": (whole.float() - chunked.float()).abs().max().item(),

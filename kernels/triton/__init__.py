@@ -116,7 +116,7 @@ def scratch_bytes_per_head(T, D, cfg, elem_bytes, K, bh=1, device=None) -> int:
     """Bytes of statistics and routing outputs one (batch, head) holds through the attention: float32
     k-bar / q-bar (+ q^2, k-sigma^2 for pwt), the low-precision k-bar / value means (pisa / pwt), the
     statistics' H partials (float32 [P, D, D], P programs per head for `bh` (batch, head) pairs in the
-    launch) and H-bar (float32 + low precision), the cov_bias norms; the routing's [N, K] int32 list and
+    launch) and H-bar (float32 + low precision, + its float16 scale), the cov_bias norms; the routing's [N, K] int32 list and
     [N, N] bias rows. On the torch path (N above the kernels' limit) also its float32 score (+ w and the
     gate for pwt) and the top-k / sort temporaries. The routing kernels' own float32 scores are counted
     apart (_heads_per_chunk: at most score_budget)."""
@@ -126,7 +126,7 @@ def scratch_bytes_per_head(T, D, cfg, elem_bytes, K, bh=1, device=None) -> int:
     need_v = cfg.variant in ("pisa", "pwt") or need_h
     npart = -(-n // _stats.blocks_per_program(n, bh, device)) if need_h else 0
     stats = (n * D * (8 + (8 if pwt else 0) + (2 * elem_bytes if need_v else 0))
-             + (D * D * (4 * npart + 4 + elem_bytes) if need_h else 0) + (4 * n if cfg.cov_bias else 0))
+             + (D * D * (4 * npart + 4 + elem_bytes) + 4 if need_h else 0) + (4 * n if cfg.cov_bias else 0))
     bias_bytes = 2 if elem_bytes == 2 else 4
     routing = n * n * bias_bytes + n * K * 4
     if not _stats.route_in_kernel(n):

@@ -266,15 +266,16 @@ def route(st, cfg: SparseConfig, dtype: torch.dtype, *, score_bytes: int = 256 *
         _finalize_torch(st, n, dtype)
         return route_torch(st, cfg, dtype)
     if final_h:
+        if dtype == torch.float16:  # the kernel's float16 copy can overflow: scaled per head instead
+            from .stats import lowp_hbar
+            st.hbar_lp, st.hbar_scale = lowp_hbar(st.hbar, dtype)
         st.hbar_ready = True
     return idx, vbias
 
 
 def _finalize_torch(st, n, dtype):
-    if st.hpart is not None and not st.hbar_ready:
-        st.hbar = st.hpart.sum(2).div_(n)
-        st.hbar_lp = st.hbar.to(dtype)
-        st.hbar_ready = True
+    from .stats import finalize_hbar
+    finalize_hbar(st, n, dtype)
 
 
 @torch.no_grad()

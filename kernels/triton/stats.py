@@ -169,10 +169,12 @@ class TritonStats:
     kbar_lp: torch.Tensor | None  # [B, HC, N, D] input dtype (pisa / pwt)
     vmean_lp: torch.Tensor | None  # [B, HC, N, D] input dtype (V-hat / n_j; pisa / pwt)
     hbar: torch.Tensor | None  # [B, HC, D, D] float32
-    hbar_lp: torch.Tensor | None  # [B, HC, D, D] input dtype
+    hbar_lp: torch.Tensor | None  # [B, HC, D, D] input dtype (float16: hbar / hbar_scale)
     hnorm: torch.Tensor | None  # [B, HC, N] float32 (cov_bias)
     hpart: torch.Tensor | None = None  # [B, HC, P, D, D] float32 partial sums of H_j (P programs per head)
     hbar_ready: bool = False
+    # float16 only: [B, HC] float32 power of two >= 1 with hbar_lp = hbar / hbar_scale (None: scale 1)
+    hbar_scale: torch.Tensor | None = None
 
 
 def _n_sm(device) -> int:
@@ -257,5 +259,18 @@ def finalize_hbar(st: TritonStats, n: int, dtype: torch.dtype) -> None:
     if st.hpart is None or st.hbar_ready:
         return
     st.hbar = st.hpart.sum(2).div_(n)
-    st.hbar_lp = st.hbar.to(dtype)
+    st.hbar_lp, st.hbar_scale = lowp_hbar(st.hbar, dtype)
     st.hbar_ready = True
+
+
+def lowp_hbar(hbar: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(hbar / scale in `dtype`, scale [B, HC] or None): for float16 the per-head power of two >= 1 that
+    keeps max |hbar / scale| <= 2^14 (moderate keys and values already give an H-bar above 65504; the
+    attention kernel multiplies q (H-bar / scale) back by scale in float32); None (scale 1) for other dtypes
+    (bfloat16 has float32's range). No host sync."""
+    if dtype != torch.float16:
+        return hbar.to(dtype), None
+    amax = hbar.abs().amax(dim=(-1, -2))
+    scale = torch.exp2(torch.ceil(torch.log2(amax * 2.0 ** -14))).clamp_(min=1.0)
+    scale = torch.where(torch.isfinite(scale), scale, torch.ones_like(scale))
+    return (hbar / scale[..., None, None]).to(dtype), scale
