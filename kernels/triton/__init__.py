@@ -87,8 +87,9 @@ def _scratch_fraction() -> float:
 
 def score_budget(q_bytes: int) -> int:
     """Bytes the routing's float32 scores may take at once (route() works through the heads in sub-chunks
-    that fit): a tenth of q's bytes, between 16 and 256 MiB."""
-    return int(max(16 * 2**20, min(256 * 2**20, 0.1 * q_bytes)))
+    that fit): a tenth of q's bytes, between 64 MiB (Wan2.1-14B 480p: all 40 heads' 42 MB in one launch)
+    and 256 MiB."""
+    return int(max(64 * 2**20, min(256 * 2**20, 0.1 * q_bytes)))
 
 
 def _heads_per_chunk(B, H, T, D, cfg, elem_bytes, K, frac, device=None) -> int:
