@@ -72,6 +72,11 @@ def test_own_statistics_and_routing_equal_kernels_routing(res):
             assert d["hnorm_rel"] <= 1e-5, variant
 
 
+def test_routing_ties_keep_the_lowest_block_ids(res):
+    r = get(res, "routing_ties_keep_the_lowest_block_ids")
+    assert r["size"] and r["forced"] and r["lowest"] and r["bias_marks_exact"], r
+
+
 def test_morton_gather_scatter_and_fused_reorder(res):
     r = get(res, "morton_gather_scatter_and_fused_reorder")
     assert r["gather_equals_apply_reorder"] and r["scatter_undoes_gather"]

@@ -180,6 +180,32 @@ def _():
     return out
 
 
+@case("routing_ties_keep_the_lowest_block_ids")
+def _():
+    # every key block the same: all scores of a row tie, so the budget beyond the forced band is filled by
+    # the lowest block ids (the select kernel's tie path; without ties it skips the ranking)
+    T, D = 64 * 40, 64
+    q = rnd(1, 1, T, D, seed=130)
+    kb = rnd(1, 1, 64, D, seed=131)
+    k = kb.repeat(1, 1, 40, 1)
+    v = rnd(1, 1, T, D, seed=132)
+    cfg = cfg_of(D, 0.25, "pisa", band=1)
+    st = stats.block_stats(q, k, v, cfg)
+    idx, vbias = stats.route(st, cfg, q.dtype)
+    n, kk = 40, cfg.budget(40)
+    ok_size, ok_forced, ok_lowest = True, True, True
+    for i in range(n):
+        row = [int(x) for x in idx[0, 0, i] if x >= 0]
+        forced = [j for j in range(n) if abs(i - j) <= 1]
+        ok_size &= len(row) == max(kk, len(forced)) and row == sorted(row)
+        ok_forced &= all(j in row for j in forced)
+        rest = [j for j in range(n) if j not in forced][:len(row) - len(forced)]
+        ok_lowest &= sorted(forced + rest) == row
+    exact_ok = bool(torch.equal(vbias[0, 0] == float("-inf"),
+                                torch.zeros(n, n, dtype=torch.bool).scatter_(1, idx[0, 0].clamp(min=0).long(), True)))
+    return {"size": ok_size, "forced": ok_forced, "lowest": ok_lowest, "bias_marks_exact": exact_ok}
+
+
 @case("morton_gather_scatter_and_fused_reorder")
 def _():
     grid, npre = (3, 8, 8), 5
