@@ -40,7 +40,7 @@ try {
     .then((r) => (r.ok ? r.json() : null))
     .then((c) => {
       curve = validCurve(c);
-      app?.graph?.setDirtyCanvas?.(true, true);
+      for (const node of app?.graph?.nodes ?? []) if (node?.type === NODE) refresh(node);
     })
     .catch(() => {});
 } catch (e) {
