@@ -525,7 +525,8 @@ class UI:
         assert extra == [], f"console errors that frontend {self.version} ({self.renderer}) does not log without the pack: {extra}"
         ours = self.console.ours(self.mark)
         assert len(ours) == allow_ours, ours
-        assert self.deprecations() == []
+        dep = self.deprecations()
+        assert dep == [], f"deprecated frontend API read by the pack: {dep}"
 
 
 def _thumbnails(only_missing: bool) -> None:
