@@ -307,7 +307,7 @@ class UI:
             if not self.vue:
                 raise
             self.preview_drawn = False
-            canvases = self.page.evaluate(f"(id) => document.querySelectorAll(`[data-node-id=\"${{id}}\"] canvas`).length", node_id)
+            canvases = self.page.evaluate("(id) => document.querySelectorAll(`[data-node-id=\"${id}\"] canvas`).length", node_id)
             self.no_preview = (f"frontend {self.version}'s Nodes 2.0 draws no canvas widget ({canvases} canvas elements "
                                f"in the node): no preview there, the node stays plain (test_knobs_work_and_serialise)")
 
