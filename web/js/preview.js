@@ -1,7 +1,8 @@
 // Live preview on the "Piecewise Sparse Attention" node: which KV blocks stay exact for a few query
 // blocks on a representative Wan or FLUX token grid (band, sinks, Morton vs raster neighbourhoods), the
-// exact fraction, and the estimated attention speedup. Redrawn from the current widget values on every
-// canvas draw, so it follows any knob. On a frontend without the APIs used here the node stays plain.
+// exact fraction, and the estimated attention speedup. Drawn from the current widget values on every draw:
+// the classic canvas draws it with the node, Nodes 2.0 (Vue) when a knob's callback or a configure asks for it
+// (refresh). On a frontend without the APIs used here the node stays plain.
 import { app } from "../../../scripts/app.js";
 import {
   CAT, GRIDS, blockGeometry, estimateSpeedup, exactFraction, formatPercent, parseDenseBlocks,
