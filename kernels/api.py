@@ -56,7 +56,7 @@ def piecewise_sparse_attention(q, k, v, *, density=0.125, variant="pwt", band=1,
     ceil(density * N) blocks in all) are attended exactly; every other block j becomes one Taylor
     "virtual token" in the same softmax: logit s q.kbar_j (+ the gated second-order w_ij for PWT), value
     the block's value sum, plus PISA's first-order term s (q H-bar). Nothing is dropped (except with
-    variant="drop", the keep-or-drop baseline). density=1 equals dense attention. See ../shared/MATH.md.
+    variant="drop", the keep-or-drop baseline). density=1 equals dense attention. See docs/MATH.md.
 
     Args:
         q, k, v: [B, H, T, D] tensors of one float dtype on one device.

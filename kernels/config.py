@@ -28,7 +28,7 @@ class ArgumentTypeError(TypeError, ValueError):
 
 @dataclass(frozen=True)
 class SparseConfig:
-    """What `piecewise_sparse_attention` computes (see the docstring there and ../shared/MATH.md).
+    """What `piecewise_sparse_attention` computes (see the docstring there and docs/MATH.md).
 
     `scale` is resolved (never None) by the time a backend sees the config. Build it from a caller's values
     with `make_config`, which checks them.

@@ -1,4 +1,4 @@
-"""The readable PyTorch reference of the operator (../shared/MATH.md), same contract as every fast backend.
+"""The readable PyTorch reference of the operator (docs/MATH.md), same contract as every fast backend.
 
 Runs on any device and dtype; computes in float32 (float64 stays float64, which makes it the oracle).
 Memory stays bounded at real sizes: no T x T score matrix; the exact part gathers the routed KV blocks

@@ -1,6 +1,6 @@
 """Block statistics and routing shared by every backend (pure PyTorch, any device).
 
-Everything here follows ../shared/MATH.md; names: N = number of KV blocks, Nq = number of query blocks,
+Everything here follows docs/MATH.md; names: N = number of KV blocks, Nq = number of query blocks,
 Bs = block size. Statistics are float32 (float64 when the inputs are float64) and use real token counts:
 the zero padding of a short last block never counts.
 """

@@ -1,4 +1,4 @@
-"""A from-scratch float64 implementation of ../shared/MATH.md, written without kernels/ code.
+"""A from-scratch float64 implementation of docs/MATH.md, written without kernels/ code.
 
 Deliberately naive: explicit loops over query tokens and KV blocks, its own statistics and its own
 routing. Only for tiny inputs (T of a few hundred).

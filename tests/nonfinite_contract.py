@@ -1,4 +1,4 @@
-"""The non-finite contract of the operator (issue 12, class 1; ../shared/MATH.md "Non-finite inputs"), as data.
+"""The non-finite contract of the operator (issue 12, class 1; docs/MATH.md "Non-finite inputs"), as data.
 
 For every variant, backend and density, a row of the output is NaN/inf only where dense attention's row is
 (dense = explicit softmax in float64 on the same values). One call covers every placement at once: each

@@ -25,7 +25,7 @@ block), 2 warpgroups:
     before the GEMM so the loads overlap it.
 Two CTAs share an SM (launch bound 2 x 256 threads, ~81 KiB shared memory each), so one CTA's softmax
 overlaps the other's tensor-core work. Every rescale of the running max multiplies all accumulated mass
-(numerator, denominator and the first-order weight), as ../../shared/MATH.md requires.
+(numerator, denominator and the first-order weight), as docs/MATH.md requires.
 
 What bounds it (H200, Wan2.1-14B 480p, density 0.125, attention only, random inputs; every number below is
 in bench/results/cute_iterations_h200.md). Each 64-row query block streams its own K/V tiles: 20480 query

@@ -1,4 +1,4 @@
-"""The fused piecewise sparse attention forward kernel (one online softmax, ../../shared/MATH.md).
+"""The fused piecewise sparse attention forward kernel (one online softmax, docs/MATH.md).
 
 One program = one 64-token query block i of one (batch, head):
   1. exact part: the routed KV blocks S_i, BLOCK_N // 64 blocks per step, gathered through the index list

@@ -9,7 +9,7 @@ a head into H-bar (no atomics, no memset, bitwise reproducible). Measured and dr
 (k and v read once; its [D, D] accumulator next to three tiles took 255 registers and a stack, one CTA per SM:
 1.63 ms vs 0.78 at Wan2.1-14B 480p). Real token counts everywhere; padding never counts.
 
-Non-finite inputs (../../shared/MATH.md): a block whose keys or values are not all finite contributes no H_j
+Non-finite inputs (docs/MATH.md): a block whose keys or values are not all finite contributes no H_j
 to H-bar (its own k-bar / sigma^2 / value mean carry the inf/NaN to exactly the rows that give it weight),
 so one inf key element cannot turn every row of its head NaN through the first-order term.
 """
