@@ -6,10 +6,11 @@ import logging
 import torch
 
 from .config import BACKENDS, REORDERS, VARIANTS, SparseConfig
-from .dispatch import backend_module, log_once, select_backend
+from .dispatch import backend_module, log_once, select_backend, unavailable_reason
 from .reorder import _check_grid, orders_on
 
 log = logging.getLogger("piecewise_sparse_attention")
+_DIFFERENTIABLE = ("torch", "triton")  # backends whose output carries a gradient (routing detached)
 
 
 def _validate(q, k, v, density, variant, band, n_sink_blocks, block_size, reorder, grid, n_prefix, backend):
@@ -98,6 +99,13 @@ def piecewise_sparse_attention(q, k, v, *, density=0.125, variant="pwt", band=1,
     if reason is not None:
         log_once(f"backend:{backend}:{name}:{reason}", "piecewise_sparse_attention: using the %s backend "
                  "(%s)", name, reason, level=logging.WARNING if backend != "auto" else logging.INFO)
+    if name not in _DIFFERENTIABLE and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
+                                                                    or v.requires_grad):
+        # e.g. cute is forward-only: a call that needs gradients takes a backend with a backward
+        alt = "triton" if unavailable_reason("triton", q, cfg) is None else "torch"
+        log_once(f"grad:{name}:{alt}", "piecewise_sparse_attention: the %s backend has no backward; calls that "
+                 "need gradients use the %s backend", name, alt)
+        name = alt
     mod = backend_module(name)
     if q.is_cuda:
         # Triton launches on the current CUDA device, not the tensors' one (multi-GPU ComfyUI setups)
