@@ -121,7 +121,9 @@ def _run(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure):
     try:
         out = mod.forward(q, k, v, cfg)
     except Exception:
-        if name == "torch" or on_failure == "raise":
+        # inside the backward (a checkpointed recompute, which may stop early by raising) the reference would
+        # save other tensors than the forward did: re-raise
+        if name == "torch" or on_failure == "raise" or _in_backward():
             raise
         if log_once(f"fail:{name}", "piecewise_sparse_attention: the %s backend failed; this call and later "
                     "failures use the torch reference (traceback below, logged once)", name, level=logging.ERROR):
@@ -131,6 +133,11 @@ def _run(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure):
     if reorder == "morton":
         out = _permute(mod, name, out, inv, n_prefix)
     return out
+
+
+def _in_backward() -> bool:
+    fn = getattr(torch._C, "_current_graph_task_id", None)
+    return fn is not None and fn() != -1
 
 
 def _permute(mod, name, x, perm, n_prefix):
@@ -143,6 +150,8 @@ def _permute(mod, name, x, perm, n_prefix):
         try:
             return gather(x, perm, n_prefix)
         except Exception:
+            if _in_backward():
+                raise
             if log_once(f"gather:{name}", "piecewise_sparse_attention: the %s backend's Morton gather failed; "
                         "reordering with torch instead (traceback below, logged once)", name, level=logging.ERROR):
                 log.exception("piecewise_sparse_attention: %s gather traceback", name)

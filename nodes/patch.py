@@ -33,7 +33,7 @@ import torch
 from ..kernels import piecewise_sparse_attention, select_backend
 from ..kernels import dispatch as _dispatch
 from ..kernels.config import SparseConfig
-from . import policy
+from . import policy, training
 
 log = logging.getLogger("piecewise_sparse_attention.nodes")
 
@@ -83,6 +83,7 @@ class ProbeRecord:
 class RunState:
     branches: dict[tuple, BranchState] = field(default_factory=dict)
     sigma_window: tuple[float, float] | None = None
+    dense_sigma: float | None = None  # training: samples noisier than this stay dense (policy.training_dense_fraction)
     tally: policy.Tally = field(default_factory=policy.Tally)
 
 
@@ -114,6 +115,7 @@ class ForwardInfo:
     sigma: float | None = None  # read once per forward: on a GPU each read of a tensor is a device sync
     step: tuple[int, int] | None = None
     timing_known: bool = False
+    sigmas: tuple[float, ...] | None = None  # each sample's sigma (read while training: per-sample decisions)
 
     @property
     def n_tokens(self) -> int | None:
@@ -313,7 +315,11 @@ class SparseAttentionOverride:
             q_len, k_len, head_dim = q.shape[1], k.shape[1], q.shape[2] // int(heads)
         st = run_state(self.uid)
         branch = (tuple(to.get("cond_or_uncond", ()) or ()), str(q.device))
-        block = self._block_index(to, st, branch, q_len == k_len)
+        train = training.is_training(q, k, v)
+        if train:  # the same index in a checkpointed block's forward and its recompute (nodes/training.py)
+            block = training.block_from_stack(self.uid) if q_len == k_len else None
+        else:
+            block = self._block_index(to, st, branch, q_len == k_len)
 
         info: ForwardInfo | None = to.get(FORWARD_KEY)
         grid, n_prefix, fwd_reason = None, 0, None
@@ -331,8 +337,16 @@ class SparseAttentionOverride:
                            has_mask=bound.get("mask") is not None, n_tokens_expected=n_expected, block=block,
                            total_blocks=self.total_blocks, step=None if step is None else step[0],
                            n_steps=None if step is None else step[1], sigma=sigma,
-                           sigma_window=st.sigma_window, forward_reason=fwd_reason)
-        reason = policy.call_reason(self.knobs, call)
+                           sigma_window=st.sigma_window, forward_reason=fwd_reason, training=train,
+                           dense_sigma=st.dense_sigma)
+        rows = row_sigmas = None
+        if train:  # each sample's own noise level decides (random per-sample sigmas)
+            row_sigmas = training.per_row(training.sample_sigmas(to, info), q.shape[0])
+            rows = [policy.call_reason(self.knobs, replace(call, sigma=sg)) for sg in row_sigmas]
+            # all rows dense: the call is dense (first row's reason); some sparse: split below
+            reason = None if any(r is None for r in rows) else rows[0]
+        else:
+            reason = policy.call_reason(self.knobs, call)
         if reason is None:
             reason = slow_path_reason(q, int(head_dim), self.knobs)
         if reason is not None:
@@ -340,11 +354,42 @@ class SparseAttentionOverride:
         if reason is not None and not policy.is_routine(reason):
             log_once(f"reason:{self.family}:{reason}", "piecewise sparse attention (%s): dense because %s",
                      self.family, reason)
+        sparse_rows = None if reason is not None or rows is None else [r is None for r in rows]
         _decision_log({"family": self.family, "block": block, "step": call.step, "n_steps": call.n_steps,
                        "q_len": call.q_len, "k_len": call.k_len, "branch": list(branch[0]),
-                       "sparse": reason is None, "reason": reason, "probe": self.probe_id is not None})
+                       "sparse": reason is None, "reason": reason, "probe": self.probe_id is not None,
+                       "training": train, "recompute": train and training.in_recompute(),
+                       "sparse_rows": sparse_rows, "row_sigmas": row_sigmas})
         if reason is not None:
             return self._next(func, args, kwargs)
+        if sparse_rows is not None and not all(sparse_rows):
+            return self._split_rows(func, args, kwargs, q, k, v, sparse_rows, rows, bound, st, call, grid, n_prefix)
+        return self._sparse(func, args, kwargs, q, k, v, bound, st, call, grid, n_prefix)
+
+    def _split_rows(self, func, args, kwargs, q, k, v, sparse_rows, rows, bound, st, call, grid, n_prefix):
+        """Training batch whose samples disagree (random per-sample sigmas): the sparse rows through the
+        operator, the others through the next attention, reassembled in batch order (differentiable)."""
+        on = [b for b, x in enumerate(sparse_rows) if x]
+        off = [b for b, x in enumerate(sparse_rows) if not x]
+        for b in off:
+            st.tally.add(rows[b])
+        i_on = torch.tensor(on, device=q.device, dtype=torch.long)
+        i_off = torch.tensor(off, device=q.device, dtype=torch.long)
+        parts = []
+        for idx, sparse in ((i_on, True), (i_off, False)):
+            a, kw = _with_plain(args, kwargs, q[idx], k[idx], v[idx])
+            if sparse:
+                parts.append(self._sparse(func, a, kw, q[idx], k[idx], v[idx], bound, st, call, grid, n_prefix))
+            else:
+                parts.append(_unwrap(self._next(func, a, kw)))
+        order = torch.argsort(torch.cat([i_on, i_off]))
+        return torch.cat(parts)[order]
+
+    def _sparse(self, func, args, kwargs, q, k, v, bound, st, call, grid, n_prefix):
+        heads = bound.get("heads")
+        skip_reshape = bool(bound.get("skip_reshape", False))
+        skip_output_reshape = bool(bound.get("skip_output_reshape", False))
+        head_dim = call.head_dim
 
         # [B, H, T, D] views for the operator
         if skip_reshape:
@@ -361,6 +406,10 @@ class SparseAttentionOverride:
                 grid=grid if kn.reorder == "morton" else None, n_prefix=n_prefix, backend=kn.backend,
                 on_failure="raise")
         except Exception:
+            if training.in_recompute():
+                # a checkpointed block's recompute (which may also stop early by raising) must take the
+                # forward's path: never swap in dense attention here
+                raise
             st.tally.add("operator failed, ran dense")
             if log_once("kernel-failure", "piecewise sparse attention: the operator failed; this call and "
                         "later failures run dense (traceback below, logged once)", level=logging.ERROR):
@@ -500,9 +549,14 @@ class ForwardWrapper:
         if to is None:
             return executor(*args, **kwargs)
         ensure_installed(to, self.override)
-        info = forward_info(self.override.family, getattr(executor, "class_obj", None), args, kwargs)
+        dm = getattr(executor, "class_obj", None)
+        info = forward_info(self.override.family, dm, args, kwargs)
         sigma, step = sigma_and_step(to)
-        info = replace(info, sigma=sigma, step=step, timing_known=True)
+        train = training.grad_mode()
+        info = replace(info, sigma=sigma, step=step, timing_known=True,
+                       sigmas=training.sample_sigmas(to, None) if train else None)
+        if train:
+            training.register_blocks(self.override.uid, self.override.family, dm)
         x = args[0] if args else kwargs.get("x")
         device = str(x.device) if isinstance(x, torch.Tensor) else "?"
         st = run_state(self.override.uid)
@@ -512,7 +566,11 @@ class ForwardWrapper:
         try:
             return executor(*args, **kwargs)
         finally:
-            if prev_info is None:
+            # while training, checkpointed blocks are recomputed after this returns and read the entry again
+            # (this dict belongs to this one model call)
+            if train:
+                pass
+            elif prev_info is None:
                 to.pop(FORWARD_KEY, None)
             else:
                 to[FORWARD_KEY] = prev_info
@@ -557,6 +615,7 @@ class PreRunCallback:
                 start = math.inf if kn.start_percent <= 0.0 else float(ms.percent_to_sigma(kn.start_percent))
                 end = -math.inf if kn.end_percent >= 1.0 else float(ms.percent_to_sigma(kn.end_percent))
                 st.sigma_window = (start, end)
+                st.dense_sigma = float(ms.percent_to_sigma(policy.training_dense_fraction(kn.dense_steps)))
             except Exception as e:  # keep sampling; the policy reports the unknown window
                 log_once("sigma-window", "piecewise sparse attention: cannot resolve start/end percent (%s)", e)
         if self.override.probe_id is not None:
