@@ -32,13 +32,24 @@ CPU = torch.device("cpu")
 
 def _patcher(family: str):
     if family == "flux":
-        mc = comfy.supported_models.Flux(dict(FLUX_TINY, image_model="flux"))
+        import dataclasses
+
+        from comfy.ldm.flux.model import FluxParams
+        extra = {"txt_ids_dims": []} if "txt_ids_dims" in {f.name for f in dataclasses.fields(FluxParams)} else {}
+        mc = comfy.supported_models.Flux(dict(FLUX_TINY, image_model="flux", **extra))  # 0.33 needs txt_ids_dims
     else:
         mc = comfy.supported_models.WAN21_T2V(dict(WAN_TINY, image_model="wan2.1"))
     mb = mc.get_model({}, device=CPU)
     init_weights(mb.diffusion_model)
     mb.diffusion_model.float()
-    return comfy.model_patcher.ModelPatcher(mb, load_device=CPU, offload_device=CPU)
+    p = comfy.model_patcher.ModelPatcher(mb, load_device=CPU, offload_device=CPU)
+    if hasattr(p, "cached_patcher_init"):  # 0.33: Train LoRA deep-copies the model by re-running its loader
+        p.cached_patcher_init = (_reload, (family,))
+    return p
+
+
+def _reload(family, disable_dynamic=False):
+    return _patcher(family)
 
 
 def _data(family: str, n: int = 2):
