@@ -26,6 +26,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 from playwright.sync_api import sync_playwright  # noqa: E402
+from media_fixtures import TRAIN_CLIP, write_tiny_clip  # noqa: E402
 
 from kernels.config import SparseConfig  # noqa: E402
 from kernels.reorder import morton_order  # noqa: E402
@@ -63,6 +64,7 @@ CASES = ["new-node"] + [p.name for p in WORKFLOWS]
 @pytest.fixture(scope="module")
 def server():
     with comfy_with_pack() as (base, work):
+        write_tiny_clip(work / "input" / TRAIN_CLIP)  # the training workflow's LoadVideo previews it
         info = json.loads(_http(base + "/object_info"))
         yield {"base": base, "work": work, "object_info": info}
 

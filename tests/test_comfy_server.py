@@ -22,6 +22,7 @@ skip_without_comfyui()
 import torch  # noqa: E402
 
 from comfy_inproc import import_comfy, tiny_wan  # noqa: E402
+from media_fixtures import TRAIN_CLIP, write_tiny_clip  # noqa: E402
 from workflow_api import NOTE_TYPES, load_workflows, workflow_to_prompt  # noqa: E402
 
 NODE = "PiecewiseSparseAttention"
@@ -77,6 +78,7 @@ def server(tmp_path_factory):
                       model_dirs={"text_encoders": dirs["text_encoders"], "vae": dirs["vae"]},
                       env={"PSA_DECISION_LOG": str(decision_log)}) as base:
         print(f"ComfyUI up in {time.monotonic() - t0:.1f} s at {base}")
+        write_tiny_clip(base.tmp / "input" / TRAIN_CLIP)  # the clip the shipped training workflow loads
         yield base, decision_log
 
 

@@ -87,8 +87,10 @@ def workflow_to_prompt(wf: dict, object_info: dict) -> dict:
                 check_value(f"{node['id']} ({typ})", name, spec, value)
                 inputs[name] = value
                 opts = spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
-                if opts.get("control_after_generate"):
-                    pos += 1  # the frontend stores the seed's "randomize"/"fixed" right after it
+                if opts.get("control_after_generate") or name in ("seed", "noise_seed"):
+                    # the frontend stores the seed's "randomize"/"fixed" right after it (for inputs named seed
+                    # or noise_seed even without the flag, e.g. Train LoRA's seed)
+                    pos += 1
         if pos != len(values):
             raise WorkflowError(f"node {node['id']} ({typ}): {len(values)} widget values, {pos} expected")
         for section in ("required",):
