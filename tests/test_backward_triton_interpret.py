@@ -61,6 +61,11 @@ def test_dit_like_pwt_gradients_match_and_every_statistic_path_is_exercised(res)
         assert moved > 100 * TOL32, (cut, moved)
 
 
+def test_head_chunks_give_the_gradients_of_one_pass(res):
+    for variant, err in get(res, "head_chunks_equal_one_pass_B2").items():
+        assert err <= 1e-6, variant  # float32 summation order of the statistics only
+
+
 def test_density_one_gradients_equal_sdpa(res):
     for variant, err in get(res, "density_one_equals_sdpa_gradients").items():
         assert err <= TOL32, variant

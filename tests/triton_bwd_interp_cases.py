@@ -154,6 +154,26 @@ def _():
     return same_routing(q, k, v, cfg_of(64, 0.5, "pwt"))
 
 
+@case("head_chunks_equal_one_pass_B2")
+def _():
+    # one head per chunk (forward and backward), B = 2 so a chunk of the row statistics is not contiguous
+    q, k, v = (rnd(2, 3, 200, 64, seed=70 + s) for s in range(3))
+    do = rnd(2, 3, 200, 64, seed=74)
+    out = {}
+    for var in ("pwt", "drop"):
+        cfg = cfg_of(64, 0.3, var, band=0)
+        whole = train.backward(do, q, k, v, *train.forward_saving(q, k, v, cfg), cfg)
+        orig = train._heads_per_chunk
+        try:
+            train._heads_per_chunk = lambda *a: 1
+            saved = train.forward_saving(q, k, v, cfg)
+            chunked = train.backward(do, q, k, v, *saved, cfg)
+        finally:
+            train._heads_per_chunk = orig
+        out[var] = max(rel(a, b) for a, b in zip(chunked, whole))
+    return out
+
+
 @case("density_one_equals_sdpa_gradients")
 def _():
     q, k, v = (rnd(1, 2, 130, 64, seed=60 + s) for s in range(3))

@@ -318,11 +318,20 @@ def block_lists(vbias: torch.Tensor):
     return row_off, j.to(torch.int32), col_off, col_i, has_virtual
 
 
-def attention_backward(do, q, k, v, o, lse, vbias, st, cfg, dq, dk, dv):
+def _mark(prof, name):
+    """Record a CUDA event after the stage `name` (bench/train_step.py's breakdown); no-op without `prof`."""
+    if prof is not None:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        prof.append((name, ev))
+
+
+def attention_backward(do, q, k, v, o, lse, vbias, st, cfg, dq, dk, dv, prof=None):
     """dq, dk, dv (written in place, [B, HC, T, D] views) of one head chunk.
 
     lse: float32 [B, HC, T] (fwd.attention(..., lse=)), vbias [B, HC, N, N] contiguous (the forward's bias
-    rows), st: the forward's statistics (kbar_lp, vmean_lp, hbar_lp; q2, ksig2 for pwt), all contiguous."""
+    rows), st: the forward's statistics (kbar_lp, vmean_lp, hbar_lp; q2, ksig2 for pwt), all contiguous.
+    prof: optional list that receives (stage, CUDA event) pairs, for timing the stages."""
     B, HC, T, D = q.shape
     bs = cfg.block_size
     n = -(-T // bs)
@@ -334,7 +343,9 @@ def attention_backward(do, q, k, v, o, lse, vbias, st, cfg, dq, dk, dv):
     f32 = torch.float32
     approx = cfg.variant in ("pisa", "pwt")
     pwt = cfg.variant == "pwt"
+    _mark(prof, "start")
     row_off, row_j, col_off, col_i, has_virtual = block_lists(vbias)
+    _mark(prof, "block_lists")
     # no virtual token anywhere (density 1): the approximate branch contributes nothing, G = 0
     approx = approx and has_virtual
     pwt = pwt and approx
@@ -345,6 +356,7 @@ def attention_backward(do, q, k, v, o, lse, vbias, st, cfg, dq, dk, dv):
     _delta_kernel[(triton.cdiv(T, block_t), HC, B)](
         o, do, delta, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2), HC, T,
         D=D, BLOCK_T=block_t, num_warps=4)
+    _mark(prof, "delta")
 
     dummy = delta
     gsum = torch.empty(B, HC, T, device=dev, dtype=f32) if approx else dummy
@@ -359,6 +371,7 @@ def attention_backward(do, q, k, v, o, lse, vbias, st, cfg, dq, dk, dv):
         dq.stride(0), dq.stride(1), dq.stride(2),
         HC, T, n, n_virt, qk_scale, s, half_s2, ln_b,
         D=D, BS=bs, BLOCK_V=64, APPROX=approx, PWT=pwt)
+    _mark(prof, "dq")
 
     if approx:
         dh = torch.zeros(B, HC, D, D, device=dev, dtype=f32)
@@ -368,6 +381,7 @@ def attention_backward(do, q, k, v, o, lse, vbias, st, cfg, dq, dk, dv):
         _dh_kernel[(triton.cdiv(n, g), HC, B)](
             q, do, gsum, dh, q.stride(0), q.stride(1), q.stride(2), do.stride(0), do.stride(1), do.stride(2),
             HC, T, n, g, s, D=D, BS=bs, num_warps=1 if _INTERPRET else 8, num_stages=1 if _INTERPRET else 2)
+        _mark(prof, "dh")
         bv = 64
         tiles = triton.cdiv(n, bv) * B * HC
         split = max(1, min(n, math.ceil(2 * _n_sm(dev) / tiles)))
@@ -378,7 +392,9 @@ def attention_backward(do, q, k, v, o, lse, vbias, st, cfg, dq, dk, dv):
             q.stride(0), q.stride(1), q.stride(2), do.stride(0), do.stride(1), do.stride(2),
             HC, T, n, per, qk_scale, s, D=D, BS=bs, BLOCK_V=bv, ATOMIC=split > 1,
             num_warps=4 if _INTERPRET else 8, num_stages=1 if _INTERPRET else 2)
+        _mark(prof, "virtual")
         dsig2 = torch.matmul(dw.transpose(-1, -2), st.q2).mul_(half_s2) if pwt else dkbar
+        _mark(prof, "dsig2")
     else:
         dh = dkbar = dvhat = dsig2 = dummy
     _dkdv_tuned[(n, HC, B)](
@@ -387,4 +403,5 @@ def attention_backward(do, q, k, v, o, lse, vbias, st, cfg, dq, dk, dv):
         v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         HC, T, n, qk_scale, s, D=D, BS=bs, APPROX=approx, PWT=pwt)
+    _mark(prof, "dkdv")
     return dq, dk, dv

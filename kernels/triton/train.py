@@ -66,11 +66,12 @@ def forward_saving(q, k, v, cfg: SparseConfig, *, routing=None):
             idx = sub.idx.to(device=q.device, dtype=torch.int32).contiguous()
             vbias = vbias_from_routing(sub, q.dtype)
         vbias = vbias.contiguous()
-        lse_c = torch.empty(B, h1 - h0, T, device=q.device, dtype=torch.float32)
-        oc = torch.empty(qc.shape, device=q.device, dtype=q.dtype)
-        _fwd.attention(qc, kc, vc, oc, st, idx, vbias, cfg, lse=lse_c)
-        out[:, h0:h1] = oc
-        lse[:, h0:h1] = lse_c
+        # the kernel writes the output through its strides; the row statistics need a contiguous chunk
+        lse_c = lse[:, h0:h1]
+        lse_c = lse_c if lse_c.is_contiguous() else torch.empty(B, h1 - h0, T, device=q.device, dtype=torch.float32)
+        _fwd.attention(qc, kc, vc, out[:, h0:h1], st, idx, vbias, cfg, lse=lse_c)
+        if lse_c.data_ptr() != lse[:, h0:h1].data_ptr():
+            lse[:, h0:h1] = lse_c
         parts.append((vbias, st))
     cat = (lambda xs: xs[0] if len(xs) == 1 else torch.cat(xs, 1))
     vbias = cat([p[0] for p in parts])
@@ -85,8 +86,9 @@ def forward_saving(q, k, v, cfg: SparseConfig, *, routing=None):
     return out, lse, vbias, stats
 
 
-def backward(do, q, k, v, out, lse, vbias, stats, cfg: SparseConfig):
-    """(dq, dk, dv) in the input dtype, head chunk by head chunk (bwd.attention_backward)."""
+def backward(do, q, k, v, out, lse, vbias, stats, cfg: SparseConfig, prof=None):
+    """(dq, dk, dv) in the input dtype, head chunk by head chunk (bwd.attention_backward; `prof` collects
+    its per-stage CUDA events)."""
     from . import _contig_last
 
     q, k, v, out, do = (_contig_last(x) for x in (q, k, v, out, do))
@@ -106,7 +108,7 @@ def backward(do, q, k, v, out, lse, vbias, stats, cfg: SparseConfig):
             hbar_lp=_contig(stats.hbar_lp[sl]) if approx else None,
             q2=_contig(stats.q2[sl]) if pwt else None, ksig2=_contig(stats.ksig2[sl]) if pwt else None)
         _bwd.attention_backward(do[sl], q[sl], k[sl], v[sl], out[sl], _contig(lse[sl]), _contig(vbias[sl]), st,
-                                cfg, dq[sl], dk[sl], dv[sl])
+                                cfg, dq[sl], dk[sl], dv[sl], prof=prof)
     return dq, dk, dv
 
 
