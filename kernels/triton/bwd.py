@@ -16,16 +16,18 @@ dq2_i = 1/2 s^2 sum_j dw_ij sig2_j,  dsig2_j = 1/2 s^2 sum_i dw_ij q2_i,  chaine
 detached; q-bar and the cov_bias norms only route, so they get no gradient.
 
 Kernels, in launch order (all pointer loads, fp32 accumulation, input-dtype operands on the tensor cores):
-  _delta_kernel   Delta_t = rowsum(do * o)
-  _dq_kernel      one program per query block: exact blocks through its row list, then the virtual tokens in
-                  tiles; writes dq (final), G_t, s do_t . z_t and the gated dw row (pwt)
-  _dh_kernel      dH, split-K over blocks (one [D, D] atomic add per program)
+  _rows_kernel    per query block: Delta_t = rowsum(do * o) and s do_t . (q_t H-bar)
   _virt_kernel    per tile of virtual tokens, over the query blocks (split over programs when the grid is
-                  small): dkbar, dV^
+                  small): dkbar, dV^ and (pwt) the ungated dw rows
+  (torch)         the gate [w <= ln Bs] on dw (w = 1/2 s^2 q2 sig2^T again, float32), dq2 = 1/2 s^2 dw sig2,
+                  dsig2 = 1/2 s^2 dw^T q2: three batched [N, N] x [N, D]-sized matmuls
+  _dq_kernel      one program per query block: exact blocks through its row list, then the virtual tokens in
+                  tiles, the first-order and q^2 terms; writes dq (final) and G_t
+  _dh_kernel      dH, split-K over blocks (one [D, D] atomic add per program)
   _dkdv_kernel    one program per KV block: the query blocks that route it exactly (column list), then the
                   statistics' chain terms; writes dk, dv (final)
-plus dsig2 = 1/2 s^2 dw^T q2 as one batched matmul. No fp32 [B, H, T, D] buffer: dq, dk, dv are written once
-in the input dtype; the scratch is per head chunk: [N, N] for dw (pwt), [N, D] and [T] vectors otherwise.
+No fp32 [B, H, T, D] buffer: dq, dk, dv are written once in the input dtype; the scratch is per head chunk:
+[N, N] for dw (pwt), [N, D] and [T] vectors otherwise.
 """
 from __future__ import annotations
 
@@ -40,23 +42,29 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @triton.jit
-def _delta_kernel(O, DO, DELTA, so_b, so_h, so_t, sd_b, sd_h, sd_t, HC, T,
-                  D: tl.constexpr, BLOCK_T: tl.constexpr):
-    i_t, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    o_t = i_t * BLOCK_T + tl.arange(0, BLOCK_T)
+def _rows_kernel(Q, O, DO, HBAR, DELTA, CZ, sq_b, sq_h, sq_t, so_b, so_h, so_t, sd_b, sd_h, sd_t, HC, T, scale,
+                 D: tl.constexpr, BS: tl.constexpr, APPROX: tl.constexpr):
+    """Per row: Delta_t = do_t . o_t and (pisa / pwt) s do_t . z_t with z_t = q_t H-bar."""
+    i_m, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_bh = i_b * HC + i_h
+    o_t = i_m * BS + tl.arange(0, BS)
     o_d = tl.arange(0, D)
     m_t = o_t < T
     b_o = tl.load(O + i_b * so_b + i_h * so_h + o_t[:, None] * so_t + o_d[None, :], mask=m_t[:, None], other=0.0)
     b_do = tl.load(DO + i_b * sd_b + i_h * sd_h + o_t[:, None] * sd_t + o_d[None, :], mask=m_t[:, None], other=0.0)
-    b_delta = tl.sum(b_o.to(tl.float32) * b_do.to(tl.float32), axis=1)
-    tl.store(DELTA + (i_b * HC + i_h) * T + o_t, b_delta, mask=m_t)
+    tl.store(DELTA + i_bh * T + o_t, tl.sum(b_o.to(tl.float32) * b_do.to(tl.float32), axis=1), mask=m_t)
+    if APPROX:
+        b_q = tl.load(Q + i_b * sq_b + i_h * sq_h + o_t[:, None] * sq_t + o_d[None, :], mask=m_t[:, None], other=0.0)
+        b_hb = tl.load(HBAR + i_bh * D * D + o_d[:, None] * D + o_d[None, :])  # [D, D]
+        b_z = tl.dot(b_q, b_hb)  # [BS, D]
+        tl.store(CZ + i_bh * T + o_t, scale * tl.sum(b_do.to(tl.float32) * b_z, axis=1), mask=m_t)
 
 
 @triton.jit
 def _dq_kernel(
-    Q, K, V, DO, DQ, LSE, DELTA, ROW_OFF, ROW_J, KBAR, VMEAN, HBAR, VBIAS, Q2, KSIG2, GSUM, CZ, DW,
+    Q, K, V, DO, DQ, LSE, DELTA, ROW_OFF, ROW_J, KBAR, VMEAN, HBAR, VBIAS, DQ2, GSUM, CZ,
     sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t, sdo_b, sdo_h, sdo_t, sdq_b, sdq_h, sdq_t,
-    HC, T, N, N_VIRT, qk_scale, scale, half_s2, ln_b,
+    HC, T, N, N_VIRT, qk_scale, scale,
     D: tl.constexpr, BS: tl.constexpr, BLOCK_V: tl.constexpr, APPROX: tl.constexpr, PWT: tl.constexpr,
 ):
     LOG2E: tl.constexpr = 1.4426950408889634
@@ -73,6 +81,12 @@ def _dq_kernel(
     b_lse = tl.load(LSE + i_bh * T + o_tq, mask=m_tq, other=float("inf"))  # [BS], log2 units
     b_delta = tl.load(DELTA + i_bh * T + o_tq, mask=m_tq, other=0.0)
     b_dq = tl.zeros([BS, D], dtype=tl.float32)
+    if PWT:
+        # q2_i = mean_t q_t^2: dq_t += (2 / n_i) q_t * dq2_i (dq2 from the gated dw, bwd host); folded into the
+        # accumulator up front (it is scaled by s at the end), so q is not needed elementwise after the loops
+        cnt_q = tl.minimum(T - i_m * BS, BS).to(tl.float32)
+        b_dq2 = tl.load(DQ2 + (i_bh * N + i_m) * D + o_d)  # [D] float32
+        b_dq += b_q.to(tl.float32) * (b_dq2 * (2.0 / (cnt_q * scale)))[None, :]
 
     # exact blocks S_i (ascending row list)
     p_k = K + i_b * sk_b + i_h * sk_h
@@ -93,18 +107,13 @@ def _dq_kernel(
         b_dq += tl.dot(b_ds.to(b_k.dtype), b_k)
 
     if APPROX:
-        b_hb = tl.load(HBAR + i_bh * D * D + o_d[:, None] * D + o_d[None, :])  # [D, D]
-        b_z = tl.dot(b_q, b_hb)  # [BS, D]  q H-bar
-        b_cz = scale * tl.sum(b_do.to(tl.float32) * b_z, axis=1)  # [BS]  s do . z
+        b_cz = tl.load(CZ + i_bh * T + o_tq, mask=m_tq, other=0.0)  # [BS]  s do . (q H-bar), _rows_kernel
         b_g = tl.zeros([BS], dtype=tl.float32)
         o_v = tl.arange(0, BLOCK_V)
         p_vb = VBIAS + (i_bh * N + i_m) * N
         p_kbar = KBAR + i_bh * N * D
         p_vmean = VMEAN + i_bh * N * D
         n_last = (T - (N - 1) * BS) * 1.0
-        if PWT:
-            b_q2 = tl.load(Q2 + (i_bh * N + i_m) * D + o_d)  # [D] float32
-            b_dq2 = tl.zeros([D], dtype=tl.float32)
         for v0 in range(0, N_VIRT, BLOCK_V):
             o_j = v0 + o_v
             m_j = o_j < N
@@ -118,21 +127,12 @@ def _dq_kernel(
             b_ds = b_p * (b_dpv + b_cz[:, None] - b_cnt[None, :] * b_delta[:, None])
             b_dq += tl.dot(b_ds.to(b_kb.dtype), b_kb)
             b_g += tl.sum(b_p, axis=1)
-            if PWT:
-                b_sg = tl.load(KSIG2 + (i_bh * N + o_j[:, None]) * D + o_d[None, :], mask=m_j[:, None],
-                               other=0.0)  # [BV, D]
-                b_w = half_s2 * tl.sum(b_q2[None, :] * b_sg, axis=1)  # [BV]  the ungated w_ij
-                b_dw = tl.where((b_w <= ln_b) & m_j, tl.sum(b_ds, axis=0), 0.0)
-                tl.store(DW + (i_bh * N + i_m) * N + o_j, b_dw, mask=m_j)
-                b_dq2 += tl.sum(b_dw[:, None] * b_sg, axis=0)
         b_dq = b_dq * scale
-        # first-order term: dz_t = s G_t do_t, dq_t += dz_t H-bar^T
+        # first-order term: dz_t = s G_t do_t, dq_t += dz_t H-bar^T (H-bar loaded again: a [D, D] tile held
+        # across the loop would only cost registers)
+        b_hb = tl.load(HBAR + i_bh * D * D + o_d[:, None] * D + o_d[None, :])
         b_dq += tl.dot(b_do, tl.trans(b_hb)) * (scale * b_g)[:, None]
-        if PWT:
-            cnt_q = tl.minimum(T - i_m * BS, BS).to(tl.float32)
-            b_dq += b_q.to(tl.float32) * (b_dq2 * (2.0 * half_s2 / cnt_q))[None, :]
         tl.store(GSUM + i_bh * T + o_tq, b_g, mask=m_tq)
-        tl.store(CZ + i_bh * T + o_tq, b_cz, mask=m_tq)
     else:
         b_dq = b_dq * scale
     tl.store(DQ + i_b * sdq_b + i_h * sdq_h + o_tq[:, None] * sdq_t + o_d[None, :], b_dq.to(DQ.dtype.element_ty),
@@ -166,13 +166,14 @@ def _dh_kernel(
 
 @triton.jit
 def _virt_kernel(
-    Q, DO, LSE, DELTA, CZ, KBAR, VMEAN, VBIAS, DKBAR, DVHAT,
+    Q, DO, LSE, DELTA, CZ, KBAR, VMEAN, VBIAS, DKBAR, DVHAT, DW,
     sq_b, sq_h, sq_t, sdo_b, sdo_h, sdo_t,
     HC, T, N, QB_PER_PROG, qk_scale, scale,
-    D: tl.constexpr, BS: tl.constexpr, BLOCK_V: tl.constexpr, ATOMIC: tl.constexpr,
+    D: tl.constexpr, BS: tl.constexpr, BLOCK_V: tl.constexpr, ATOMIC: tl.constexpr, PWT: tl.constexpr,
 ):
     """dkbar_j = s sum_t ds_tj q_t and dV^_j = sum_t p^_tj do_t for BLOCK_V virtual tokens j, over the query
-    blocks [i0, i0 + QB_PER_PROG) of this program (atomic adds when several programs share a tile)."""
+    blocks [i0, i0 + QB_PER_PROG) of this program (atomic adds when several programs share a tile); for pwt
+    also the ungated dw_ij = sum_{t in i} ds_tj (each (i, j) written by exactly one program)."""
     LOG2E: tl.constexpr = 1.4426950408889634
     i_v, i_s, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b = i_bh // HC
@@ -205,6 +206,8 @@ def _virt_kernel(
         b_dst = b_pt * (b_dpvt + b_cz[None, :] - b_cnt[:, None] * b_delta[None, :])
         b_dkb += tl.dot(b_dst.to(b_q.dtype), b_q)
         b_dvh += tl.dot(b_pt.to(b_do.dtype), b_do)
+        if PWT:
+            tl.store(DW + (i_bh * N + i) * N + o_j, tl.sum(b_dst, axis=1), mask=m_j)
     b_dkb = b_dkb * scale
     p_o = (i_bh * N + o_j[:, None]) * D + o_d[None, :]
     if ATOMIC:
@@ -233,6 +236,24 @@ def _dkdv_kernel(
     b_v = tl.load(V + i_b * sv_b + i_h * sv_h + o_tk[:, None] * sv_t + o_d[None, :], mask=m_tk[:, None], other=0.0)
     b_dk = tl.zeros([BS, D], dtype=tl.float32)
     b_dv = tl.zeros([BS, D], dtype=tl.float32)
+    if APPROX:
+        # the statistics' chain terms for every token of this block (exact for some query rows or not), put
+        # into the accumulators up front, where registers are free (dk is scaled by s at the end)
+        cnt = tl.minimum(T - i_n * BS, BS).to(tl.float32)
+        o_s = (i_bh * N + i_n) * D + o_d
+        b_kf = b_k.to(tl.float32)
+        b_kc = tl.where(m_tk[:, None], b_kf - (tl.sum(b_kf, axis=0) / cnt)[None, :], 0.0)  # k - kbar_j
+        b_dk += tl.where(m_tk[:, None], (tl.load(DKBAR + o_s) / (cnt * scale))[None, :], 0.0)
+        if PWT:
+            b_dk += b_kc * (tl.load(DSIG2 + o_s) * (2.0 / (cnt * scale)))[None, :]
+        # [D, D] float32 dH, multiplied in the input dtype on the tensor cores (like H-bar in the forward)
+        b_dh = tl.load(DH + i_bh * D * D + o_d[:, None] * D + o_d[None, :]).to(b_k.dtype)
+        inv_n = 1.0 / N
+        b_dv += tl.dot(b_kc.to(b_k.dtype), b_dh) * inv_n
+        b_vf = b_v.to(tl.float32)
+        b_vc = tl.where(m_tk[:, None], b_vf - (tl.sum(b_vf, axis=0) / cnt)[None, :], 0.0)  # v - vbar_j
+        b_dv += tl.where(m_tk[:, None], tl.load(DVHAT + o_s)[None, :], 0.0)
+        b_dk += tl.dot(b_vc.to(b_k.dtype), tl.trans(b_dh)) * (inv_n / scale)
     p_q = Q + i_b * sq_b + i_h * sq_h
     p_do = DO + i_b * sdo_b + i_h * sdo_h
     # the query blocks i with this KV block in S_i (ascending column list)
@@ -254,22 +275,6 @@ def _dkdv_kernel(
         b_dst = b_pt * (b_dpt - b_delta[None, :])
         b_dk += tl.dot(b_dst.to(b_q.dtype), b_q)
     b_dk = b_dk * scale
-    if APPROX:
-        # the statistics' chain terms for every token of this block (exact for some rows or not)
-        cnt = tl.minimum(T - i_n * BS, BS).to(tl.float32)
-        b_kf = b_k.to(tl.float32)
-        b_vf = b_v.to(tl.float32)
-        b_kc = tl.where(m_tk[:, None], b_kf - (tl.sum(b_kf, axis=0) / cnt)[None, :], 0.0)  # k - kbar_j
-        b_vc = tl.where(m_tk[:, None], b_vf - (tl.sum(b_vf, axis=0) / cnt)[None, :], 0.0)  # v - vbar_j
-        o_s = (i_bh * N + i_n) * D + o_d
-        b_dk += tl.where(m_tk[:, None], (tl.load(DKBAR + o_s) / cnt)[None, :], 0.0)
-        b_dv += tl.where(m_tk[:, None], tl.load(DVHAT + o_s)[None, :], 0.0)
-        if PWT:
-            b_dk += b_kc * (tl.load(DSIG2 + o_s) * (2.0 / cnt))[None, :]
-        b_dh = tl.load(DH + i_bh * D * D + o_d[:, None] * D + o_d[None, :])  # [D, D] float32
-        inv_n = 1.0 / N
-        b_dk += tl.dot(b_vc, tl.trans(b_dh)) * inv_n
-        b_dv += tl.dot(b_kc, b_dh) * inv_n
     tl.store(DK + i_b * sdk_b + i_h * sdk_h + o_tk[:, None] * sdk_t + o_d[None, :], b_dk.to(DK.dtype.element_ty),
              mask=m_tk[:, None])
     tl.store(DV + i_b * sdv_b + i_h * sdv_h + o_tk[:, None] * sdv_t + o_d[None, :], b_dv.to(DV.dtype.element_ty),
@@ -284,9 +289,21 @@ def _configs(n_warps=(4, 8), n_stages=(1, 2, 3)):
     return [triton.Config({}, num_warps=w, num_stages=s) for w in n_warps for s in n_stages]
 
 
+def _virt_configs():
+    if _INTERPRET:
+        return [triton.Config({"BLOCK_V": 64}, num_warps=4, num_stages=1)]
+    # sm_90a ptxas (tests/triton_aot_case.py): BLOCK_V 64 spills ~100 bytes at 8 warps, 32 none; 32 re-reads q
+    # and do twice as often. Not yet timed: the autotuner decides
+    return [triton.Config({"BLOCK_V": bv}, num_warps=w, num_stages=st)
+            for bv, w, st in ((32, 8, 2), (64, 8, 2), (32, 4, 2), (64, 8, 3))]
+
+
 _KEY = ["D", "APPROX", "PWT"]
 _dq_tuned = triton.autotune(configs=_configs(), key=_KEY)(_dq_kernel)
 _dkdv_tuned = triton.autotune(configs=_configs(), key=_KEY)(_dkdv_kernel)
+# atomic adds into dkbar / dV^ when programs share a tile: zeroed before every benchmark run and the final one
+_virt_tuned = triton.autotune(configs=_virt_configs(), key=["D", "PWT", "ATOMIC"],
+                              reset_to_zero=["DKBAR", "DVHAT"])(_virt_kernel)
 
 
 def _n_sm(device) -> int:
@@ -352,51 +369,64 @@ def attention_backward(do, q, k, v, o, lse, vbias, st, cfg, dq, dk, dv, prof=Non
     n_virt = n if approx else 0
 
     delta = torch.empty(B, HC, T, device=dev, dtype=f32)
-    block_t = 64
-    _delta_kernel[(triton.cdiv(T, block_t), HC, B)](
-        o, do, delta, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2), HC, T,
-        D=D, BLOCK_T=block_t, num_warps=4)
-    _mark(prof, "delta")
+    cz = torch.empty(B, HC, T, device=dev, dtype=f32) if approx else delta
+    hbar = st.hbar_lp if approx else delta
+    _rows_kernel[(n, HC, B)](
+        q, o, do, hbar, delta, cz, q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1), o.stride(2),
+        do.stride(0), do.stride(1), do.stride(2), HC, T, s, D=D, BS=bs, APPROX=approx,
+        num_warps=4 if _INTERPRET else 8, num_stages=1)
+    _mark(prof, "rows")
 
     dummy = delta
+    if approx:
+        dkbar = torch.zeros(B, HC, n, D, device=dev, dtype=f32)
+        dvhat = torch.zeros(B, HC, n, D, device=dev, dtype=f32)
+        dw = torch.empty(B, HC, n, n, device=dev, dtype=f32) if pwt else dummy
+        # enough programs to fill the GPU: the query blocks are split over programs (atomic adds) when the
+        # tiles of virtual tokens alone are too few (counted at 64 tokens per tile)
+        tiles = triton.cdiv(n, 64) * B * HC
+        split = max(1, min(n, math.ceil(2 * _n_sm(dev) / tiles)))
+        per = triton.cdiv(n, split)
+        split = triton.cdiv(n, per)
+        _virt_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_V"]), split, B * HC)](
+            q, do, lse, delta, cz, st.kbar_lp, st.vmean_lp, vbias, dkbar, dvhat, dw,
+            q.stride(0), q.stride(1), q.stride(2), do.stride(0), do.stride(1), do.stride(2),
+            HC, T, n, per, qk_scale, s, D=D, BS=bs, ATOMIC=split > 1, PWT=pwt)
+        _mark(prof, "virtual")
+        if pwt:
+            # the gate in float32 from the same statistics the forward's w came from (a NaN w is gated too);
+            # dw is zero on exact blocks already (p^ = 0 there)
+            w = torch.matmul(st.q2, st.ksig2.transpose(-1, -2)).mul_(half_s2)
+            dw.masked_fill_(~(w <= ln_b), 0.0)
+            del w
+            dq2 = torch.matmul(dw, st.ksig2).mul_(half_s2)  # [B, HC, N, D]
+            dsig2 = torch.matmul(dw.transpose(-1, -2), st.q2).mul_(half_s2)
+        else:
+            dq2 = dsig2 = dkbar
+        _mark(prof, "gate_dq2_dsig2")
+    else:
+        dkbar = dvhat = dq2 = dsig2 = dummy
+
     gsum = torch.empty(B, HC, T, device=dev, dtype=f32) if approx else dummy
-    cz = torch.empty(B, HC, T, device=dev, dtype=f32) if approx else dummy
-    dw = torch.zeros(B, HC, n, n, device=dev, dtype=f32) if pwt else dummy
     _dq_tuned[(n, HC, B)](
         q, k, v, do, dq, lse, delta, row_off, row_j,
-        st.kbar_lp if approx else dummy, st.vmean_lp if approx else dummy, st.hbar_lp if approx else dummy,
-        vbias, st.q2 if pwt else dummy, st.ksig2 if pwt else dummy, gsum, cz, dw,
+        st.kbar_lp if approx else dummy, st.vmean_lp if approx else dummy, hbar, vbias, dq2, gsum, cz,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
         dq.stride(0), dq.stride(1), dq.stride(2),
-        HC, T, n, n_virt, qk_scale, s, half_s2, ln_b,
+        HC, T, n, n_virt, qk_scale, s,
         D=D, BS=bs, BLOCK_V=64, APPROX=approx, PWT=pwt)
     _mark(prof, "dq")
 
     if approx:
         dh = torch.zeros(B, HC, D, D, device=dev, dtype=f32)
-        dkbar = torch.zeros(B, HC, n, D, device=dev, dtype=f32)
-        dvhat = torch.zeros(B, HC, n, D, device=dev, dtype=f32)
         g = max(1, math.ceil(n * B * HC / (4 * _n_sm(dev))))
         _dh_kernel[(triton.cdiv(n, g), HC, B)](
             q, do, gsum, dh, q.stride(0), q.stride(1), q.stride(2), do.stride(0), do.stride(1), do.stride(2),
             HC, T, n, g, s, D=D, BS=bs, num_warps=1 if _INTERPRET else 8, num_stages=1 if _INTERPRET else 2)
         _mark(prof, "dh")
-        bv = 64
-        tiles = triton.cdiv(n, bv) * B * HC
-        split = max(1, min(n, math.ceil(2 * _n_sm(dev) / tiles)))
-        per = triton.cdiv(n, split)
-        split = triton.cdiv(n, per)
-        _virt_kernel[(triton.cdiv(n, bv), split, B * HC)](
-            q, do, lse, delta, cz, st.kbar_lp, st.vmean_lp, vbias, dkbar, dvhat,
-            q.stride(0), q.stride(1), q.stride(2), do.stride(0), do.stride(1), do.stride(2),
-            HC, T, n, per, qk_scale, s, D=D, BS=bs, BLOCK_V=bv, ATOMIC=split > 1,
-            num_warps=4 if _INTERPRET else 8, num_stages=1 if _INTERPRET else 2)
-        _mark(prof, "virtual")
-        dsig2 = torch.matmul(dw.transpose(-1, -2), st.q2).mul_(half_s2) if pwt else dkbar
-        _mark(prof, "dsig2")
     else:
-        dh = dkbar = dvhat = dsig2 = dummy
+        dh = dummy
     _dkdv_tuned[(n, HC, B)](
         q, k, v, do, dk, dv, lse, delta, col_off, col_i, dkbar, dvhat, dsig2, dh,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
