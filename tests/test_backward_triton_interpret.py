@@ -90,6 +90,12 @@ def test_custom_ops_schema_autograd_registration_and_fake_tensors(res):
     assert r and all(v == "SUCCESS" for v in r.values()), r
 
 
+def test_compiled_training_step_has_no_graph_break_and_eager_gradients_at_two_lengths(res):
+    r = get(res, "compiled_training_step_aot_eager_and_dynamic_length")
+    assert r["graph_breaks"] == 0
+    assert r["T200"] <= 1e-6 and r["T300"] <= 1e-6, r
+
+
 def test_morton_gather_gradient_is_the_scatter(res):
     r = get(res, "permute_tokens_gradient_is_the_inverse_permutation")
     assert r["gather_equal"] and r["grad_is_scatter"] and r["no_grad_path_plain"]

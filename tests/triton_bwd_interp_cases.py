@@ -250,6 +250,32 @@ def _():
     return res
 
 
+@case("compiled_training_step_aot_eager_and_dynamic_length")
+def _():
+    # torch.compile sees one differentiable op (fakes + register_autograd): no graph break, the gradients of
+    # eager mode, and a second sequence length (automatic dynamic shapes: the fakes on a symbolic T)
+    cfg = cfg_of(64, 0.3, "pwt", band=0)
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(64, 64)
+
+        def forward(self, x):
+            return kt.forward(self.proj(x), x, x, cfg).square().mean()
+
+    torch.manual_seed(0)
+    m = Block()
+    res = {"graph_breaks": torch._dynamo.explain(m)(rnd(1, 2, 200, 64, seed=130)).graph_break_count}
+    cm = torch.compile(m, fullgraph=True, backend="aot_eager")
+    for T in (200, 300):
+        x = rnd(1, 2, T, 64, seed=131 + T)
+        eager = torch.autograd.grad(m(x), list(m.parameters()))
+        comp = torch.autograd.grad(cm(x), list(m.parameters()))
+        res[f"T{T}"] = max(rel(a, b) for a, b in zip(comp, eager))
+    return res
+
+
 @case("permute_tokens_gradient_is_the_inverse_permutation")
 def _():
     x = rnd(1, 2, 21, 64, seed=96).requires_grad_(True)
