@@ -24,8 +24,8 @@ Kernels, in launch order (all pointer loads, fp32 accumulation, input-dtype oper
   _dq_kernel      one program per query block: exact blocks through its row list, then the virtual tokens in
                   tiles, the first-order and q^2 terms; writes dq (final) and G_t
   _dh_kernel      dH, split-K over blocks (one [D, D] atomic add per program)
-  _dkdv_kernel    one program per KV block: the query blocks that route it exactly (column list), then the
-                  statistics' chain terms; writes dk, dv (final)
+  _dkdv_kernel    one program per KV block: the statistics' chain terms, then the query blocks that route
+                  it exactly (column list); writes dk, dv (final)
 No fp32 [B, H, T, D] buffer: dq, dk, dv are written once in the input dtype; the scratch is per head chunk:
 [N, N] for dw (pwt), [N, D] and [T] vectors otherwise.
 """
