@@ -2,21 +2,22 @@
 from __future__ import annotations
 
 import logging
+import math
+import sys
 
 import torch
 
-from .config import BACKENDS, REORDERS, VARIANTS, SparseConfig
-from .dispatch import backend_module, log_once, select_backend, unavailable_reason
-from .reorder import _check_grid, orders_on
+from .config import BACKENDS, ON_FAILURE, REORDERS, ArgumentTypeError, as_choice, as_grid, as_int, make_config
+from .dispatch import backend_module, log_once, select_backend
+from .reorder import orders_on
 
 log = logging.getLogger("piecewise_sparse_attention")
-_DIFFERENTIABLE = ("torch", "triton")  # backends whose output carries a gradient (routing detached)
 
 
-def _validate(q, k, v, density, variant, band, n_sink_blocks, block_size, reorder, grid, n_prefix, backend):
+def _check_tensors(q, k, v) -> None:
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor [B, H, T, D], got {type(x).__name__}")
+            raise ArgumentTypeError(f"{name} must be a torch.Tensor [B, H, T, D], got {type(x).__name__}")
         if x.dim() != 4:
             raise ValueError(f"{name} must have rank 4 [B, H, T, D], got shape {tuple(x.shape)}")
     if q.shape != k.shape or k.shape != v.shape:
@@ -28,32 +29,22 @@ def _validate(q, k, v, density, variant, band, n_sink_blocks, block_size, reorde
         raise ValueError(f"q, k, v must share one floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.device != k.device or k.device != v.device:
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if not isinstance(density, (int, float)) or not (0.0 < float(density) <= 1.0):
-        raise ValueError(f"density must be in (0, 1] (the exact fraction of KV blocks), got {density!r}")
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    if not isinstance(band, int) or band < 0:
-        raise ValueError(f"band must be an int >= 0 (exact diagonal blocks |i-j| <= band), got {band!r}")
-    if not isinstance(n_sink_blocks, int) or n_sink_blocks < 0:
-        raise ValueError(f"n_sink_blocks must be an int >= 0, got {n_sink_blocks!r}")
-    if not isinstance(block_size, int) or block_size < 16 or block_size & (block_size - 1):
-        raise ValueError(f"block_size must be a power of two >= 16 (e.g. 64), got {block_size!r}")
-    if reorder not in REORDERS:
-        raise ValueError(f"reorder must be one of {REORDERS}, got {reorder!r}")
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    T = q.shape[2]
-    if not isinstance(n_prefix, int) or not (0 <= n_prefix <= T):
-        raise ValueError(f"n_prefix must be an int in [0, T={T}], got {n_prefix!r}")
-    if reorder == "morton":
-        if grid is None:
-            raise ValueError("reorder='morton' needs grid=(F, H, W) or (H, W) of the tokens after n_prefix")
-        g = _check_grid(grid)  # ValueError for anything but 2 or 3 positive sizes
-        count = 1
-        for x in g:
-            count *= x
-        if count != T - n_prefix:
-            raise ValueError(f"prod(grid) = {count} must equal T - n_prefix = {T} - {n_prefix} = {T - n_prefix}")
+
+
+def _check_layout(T, reorder, grid, n_prefix):
+    """(reorder, grid as a tuple of ints or None, n_prefix as an int)."""
+    reorder = as_choice("reorder", reorder, REORDERS)
+    n_prefix = as_int("n_prefix", n_prefix, f"an integer in [0, T={T}] (leading tokens not on the grid)")
+    if not 0 <= n_prefix <= T:
+        raise ValueError(f"n_prefix must be an integer in [0, T={T}] (leading tokens not on the grid), got {n_prefix}")
+    if reorder != "morton":
+        return reorder, None, n_prefix
+    if grid is None:
+        raise ValueError("reorder='morton' needs grid=(F, H, W) or (H, W) of the tokens after n_prefix")
+    g = as_grid(grid)
+    if math.prod(g) != T - n_prefix:
+        raise ValueError(f"prod(grid) = {math.prod(g)} must equal T - n_prefix = {T} - {n_prefix} = {T - n_prefix}")
+    return reorder, g, n_prefix
 
 
 def piecewise_sparse_attention(q, k, v, *, density=0.125, variant="pwt", band=1, n_sink_blocks=0,
@@ -88,24 +79,18 @@ def piecewise_sparse_attention(q, k, v, *, density=0.125, variant="pwt", band=1,
     Returns:
         Tensor of q's shape and dtype.
     """
-    _validate(q, k, v, density, variant, band, n_sink_blocks, block_size, reorder, grid, n_prefix, backend)
-    if on_failure not in ("reference", "raise"):
-        raise ValueError(f"on_failure must be 'reference' or 'raise', got {on_failure!r}")
-    D = q.shape[-1]
-    cfg = SparseConfig(density=float(density), variant=variant, band=band, n_sink_blocks=n_sink_blocks,
-                       cov_bias=bool(cov_bias), block_size=block_size,
-                       scale=float(D ** -0.5 if scale is None else scale))
-    name, reason = select_backend(q, cfg, backend)
+    _check_tensors(q, k, v)
+    reorder, grid, n_prefix = _check_layout(q.shape[2], reorder, grid, n_prefix)
+    cfg = make_config(density=density, variant=variant, band=band, n_sink_blocks=n_sink_blocks,
+                      cov_bias=cov_bias, block_size=block_size, scale=scale, head_dim=q.shape[-1])
+    backend = as_choice("backend", backend, BACKENDS)
+    on_failure = as_choice("on_failure", on_failure, ON_FAILURE)
+    if q.numel() == 0:  # B = 0 or H = 0: nothing to attend (still differentiable: an empty graph)
+        return (q + k + v) * 0.0
+    name, reason = select_backend(q, cfg, backend, k=k, v=v)
     if reason is not None:
         log_once(f"backend:{backend}:{name}:{reason}", "piecewise_sparse_attention: using the %s backend "
                  "(%s)", name, reason, level=logging.WARNING if backend != "auto" else logging.INFO)
-    if name not in _DIFFERENTIABLE and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
-                                                                    or v.requires_grad):
-        # e.g. cute is forward-only: a call that needs gradients takes a backend with a backward
-        alt = "triton" if unavailable_reason("triton", q, cfg) is None else "torch"
-        log_once(f"grad:{name}:{alt}", "piecewise_sparse_attention: the %s backend has no backward; calls that "
-                 "need gradients use the %s backend", name, alt)
-        name = alt
     mod = backend_module(name)
     if q.is_cuda:
         # Triton launches on the current CUDA device, not the tensors' one (multi-GPU ComfyUI setups)
@@ -120,10 +105,9 @@ def _run(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure):
         q, k, v = (_permute(mod, name, x, perm, n_prefix) for x in (q, k, v))
     try:
         out = mod.forward(q, k, v, cfg)
-    except Exception:
-        # inside the backward (a checkpointed recompute, which may stop early by raising) the reference would
-        # save other tensors than the forward did: re-raise
-        if name == "torch" or on_failure == "raise" or _in_backward():
+    except Exception as e:
+        # a checkpointed block's recompute stops early by raising inside the op: not a failure
+        if name == "torch" or on_failure == "raise" or _is_checkpoint_stop(e):
             raise
         if log_once(f"fail:{name}", "piecewise_sparse_attention: the %s backend failed; this call and later "
                     "failures use the torch reference (traceback below, logged once)", name, level=logging.ERROR):
@@ -135,9 +119,12 @@ def _run(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure):
     return out
 
 
-def _in_backward() -> bool:
-    fn = getattr(torch._C, "_current_graph_task_id", None)
-    return fn is not None and fn() != -1
+def _is_checkpoint_stop(e: BaseException) -> bool:
+    """torch.utils.checkpoint stops a recompute once it has every tensor it needs by raising this (private)
+    exception from inside whatever op runs then: it must pass through, never trigger a fallback."""
+    ckpt = sys.modules.get("torch.utils.checkpoint")  # not imported: no checkpoint is running
+    stop = getattr(ckpt, "_StopRecomputationError", None)
+    return stop is not None and isinstance(e, stop)
 
 
 def _permute(mod, name, x, perm, n_prefix):
@@ -149,8 +136,8 @@ def _permute(mod, name, x, perm, n_prefix):
     if gather is not None:
         try:
             return gather(x, perm, n_prefix)
-        except Exception:
-            if _in_backward():
+        except Exception as e:
+            if _is_checkpoint_stop(e):
                 raise
             if log_once(f"gather:{name}", "piecewise_sparse_attention: the %s backend's Morton gather failed; "
                         "reordering with torch instead (traceback below, logged once)", name, level=logging.ERROR):

@@ -3,6 +3,8 @@
 Backends are modules with `available()`, `unavailable_reason(q, cfg)` and `forward(q, k, v, cfg)`.
 An import error is kept and reported as a reason; every reason is logged once; the environment variable
 PSA_BACKEND overrides "auto". A requested backend that cannot run falls back to the reference loudly.
+Autograd (`grad_reason`): when q, k or v require grad, "auto" (and PSA_BACKEND) only picks a backend that
+differentiates, and an explicit backend that does not raises: an output is never silently detached.
 """
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import importlib
 import logging
 import os
 import threading
+
+import torch
 
 from .config import BACKENDS
 
@@ -73,24 +77,48 @@ def unavailable_reason(name: str, q, cfg) -> str | None:
         return f"{name} backend check raised {type(e).__name__}: {e}"
 
 
-def select_backend(q, cfg, requested: str = "auto") -> tuple[str, str | None]:
-    """(backend name, reason why a better or the requested backend was not used, or None)."""
+# backends whose forward is differentiable (routing detached): the reference by autograd, Triton by its own
+# backward (kernels/triton/bwd.py); cute is forward-only
+DIFFERENTIABLE = ("torch", "triton")
+
+
+def grad_reason(name: str, *tensors) -> str | None:
+    """Why backend `name` cannot run these tensors because autograd must flow through them (grad mode on and
+    one of them requires grad), or None. The one place that decides; see DIFFERENTIABLE."""
+    if name in DIFFERENTIABLE or not torch.is_grad_enabled():
+        return None
+    if not any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
+        return None
+    return (f"the {name} backend has no backward yet and q, k or v requires grad; backend='triton' or 'torch' "
+            f"(or 'auto') differentiates, torch.no_grad() needs no backward")
+
+
+def select_backend(q, cfg, requested: str = "auto", *, k=None, v=None) -> tuple[str, str | None]:
+    """(backend name, reason why a better or the requested backend was not used, or None).
+
+    Raises ValueError when `requested` is an explicit backend that cannot differentiate inputs that need it."""
     if requested not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {requested!r}")
+    from_env = False
     if requested == "auto":
         env = os.environ.get("PSA_BACKEND", "").strip().lower()
         if env and env != "auto":
             if env not in BACKENDS:
                 raise ValueError(f"PSA_BACKEND must be one of {BACKENDS}, got {env!r}")
-            requested = env
+            requested, from_env = env, True
     if requested != "auto":
+        why_grad = grad_reason(requested, q, k, v)
+        if why_grad is not None:
+            if not from_env:
+                raise ValueError(f"backend={requested!r} cannot be used here: {why_grad}")
+            return "torch", f"PSA_BACKEND={requested!r} not used: {why_grad}"
         reason = unavailable_reason(requested, q, cfg)
         if reason is None:
             return requested, None
         return "torch", f"backend={requested!r} cannot run: {reason}; using the torch reference"
     skipped = []
     for name in _ORDER:
-        reason = unavailable_reason(name, q, cfg)
+        reason = unavailable_reason(name, q, cfg) or grad_reason(name, q, k, v)
         if reason is None:
             # a backend that can run may still prefer not to under "auto" (e.g. too small to pay its
             # launch cost); an explicit request runs it anyway

@@ -3,6 +3,18 @@
 Runs on any device and dtype; computes in float32 (float64 stays float64, which makes it the oracle).
 Memory stays bounded at real sizes: no T x T score matrix; the exact part gathers the routed KV blocks
 for a chunk of query blocks at a time.
+
+Non-finite inputs (MATH.md "Non-finite inputs"; every backend implements the same rules, tests/test_nonfinite.py
+is the contract): a row of the output is NaN/inf only where dense attention's row is.
+- H-bar = (1/N) sum_j H_j over the blocks j whose H_j (computed per block in the compute dtype) is finite;
+  a block with an inf/NaN key or value adds nothing to it (with all H_j finite this is MATH.md's H-bar).
+- A virtual token whose logit is -inf (an inf key element against a query of the opposite sign, as in dense
+  attention) gets weight exp(-inf) = 0; a non-finite PWT bonus w_ij is gated to 0 (kernels.routing.pwt_bonus);
+  routing scores are made finite before the top-k (NaN -> -1e30, +-inf -> +-1e30).
+- A row's virtual logit s q_t.kbar_j is +inf or NaN only when some key of block j has a +inf or NaN logit
+  for q_t, i.e. only where dense attention's row t is NaN too.
+- A finite result beyond the output dtype's range (float16: the first-order term s (q H-bar) can leave it
+  with huge inputs) saturates at +-max instead of becoming inf (`saturate`).
 """
 from __future__ import annotations
 
@@ -86,4 +98,12 @@ def forward(q, k, v, cfg: SparseConfig, *, routing: Routing | None = None,
             num = num + pv @ stats.vsum[:, :, None] + qh[:, :, c0:c1] * pv.sum(-1, keepdim=True)
             den = den + pv @ stats.counts[:, None]
         out[:, :, c0:c1] = num / den
-    return out.reshape(B, H, nq * bs, D)[:, :, :T].to(q.dtype)
+    return saturate(out.reshape(B, H, nq * bs, D)[:, :, :T], q.dtype)
+
+
+def saturate(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x cast to `dtype`, a finite value beyond its range held at +-max instead of becoming inf."""
+    if x.dtype == dtype or torch.finfo(dtype).max >= torch.finfo(x.dtype).max:
+        return x.to(dtype)
+    lim = torch.finfo(dtype).max
+    return torch.where(torch.isfinite(x), x.clamp(-lim, lim), x).to(dtype)

@@ -11,18 +11,14 @@ import threading
 
 import torch
 
+from .config import as_grid
+
 _lock = threading.Lock()
 _device_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def _check_grid(grid) -> tuple[int, ...]:
-    try:
-        g = tuple(int(x) for x in grid)
-    except TypeError:
-        raise ValueError(f"grid must be a tuple like (F, H, W) or (H, W), got {grid!r}") from None
-    if len(g) not in (2, 3) or any(x <= 0 for x in g):
-        raise ValueError(f"grid must be 2 or 3 positive sizes, (H, W) or (F, H, W); got {grid!r}")
-    return g
+    return as_grid(grid)  # 2 or 3 positive integers, else a ValueError naming grid
 
 
 @functools.lru_cache(maxsize=64)

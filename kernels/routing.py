@@ -80,7 +80,11 @@ def block_stats(q, k, v, block_size: int = 64, *, need_hnorm: bool = False) -> B
     kf = k.to(cd)
     vf = v.to(cd)
     ktv = kf.transpose(-1, -2) @ vf
-    hbar = (ktv - kbar.transpose(-1, -2) @ vsum) / n
+    hsum = ktv - kbar.transpose(-1, -2) @ vsum
+    if not bool(torch.isfinite(hsum).all()):
+        # a non-finite key or value (or an overflow) makes some H_j non-finite: H-bar sums the finite H_j only
+        hsum = _finite_h_sum(kc, vb)
+    hbar = hsum / n
     hnorm = None
     if need_hnorm:
         hnorm = torch.empty(kbar.shape[:-1], device=k.device, dtype=cd)
@@ -90,6 +94,18 @@ def block_stats(q, k, v, block_size: int = 64, *, need_hnorm: bool = False) -> B
             hnorm[:, :, s:s + chunk] = torch.linalg.matrix_norm(hj - hbar[:, :, None], ord="fro")
     del T
     return BlockStats(kbar, vsum, ksig2, counts, qbar, q2, hbar, hnorm)
+
+
+def _finite_h_sum(kc: torch.Tensor, vb: torch.Tensor) -> torch.Tensor:
+    """sum over the blocks j whose H_j = kc_j^T v_j is finite, in chunks of blocks (no [N, D, D] buffer)."""
+    B, H, n, _, D = kc.shape
+    out = torch.zeros(B, H, D, D, device=kc.device, dtype=kc.dtype)
+    chunk = max(1, 2048 // max(1, D))
+    for s in range(0, n, chunk):
+        hj = kc[:, :, s:s + chunk].transpose(-1, -2) @ vb[:, :, s:s + chunk]  # [B, H, c, D, D]
+        ok = torch.isfinite(hj).all(-1).all(-1)  # [B, H, c]
+        out += torch.where(ok[..., None, None], hj, torch.zeros((), device=hj.device, dtype=hj.dtype)).sum(2)
+    return out
 
 
 def pwt_bonus(stats: BlockStats, scale: float, block_size: int):

@@ -102,25 +102,12 @@ class PiecewiseSparseAttention(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, variant, sink_blocks, start_percent, end_percent, dense_blocks, reorder, backend):
-        # no **kwargs: ComfyUI then still checks the other inputs' ranges itself; the inputs named here are
-        # checked here (ComfyUI skips its own checks for them, and 0.3.x never checks a V3 combo's options)
-        for name, value, options in (("variant", variant, policy.VARIANTS), ("reorder", reorder, policy.REORDERS),
-                                     ("backend", backend, policy.BACKENDS)):
-            if isinstance(value, str) and value not in options:
-                return f"{name} must be one of {', '.join(options)}, got {value!r}"
-        try:
-            if isinstance(sink_blocks, str):
-                policy.parse_sink_blocks(sink_blocks)
-            if isinstance(dense_blocks, str):
-                policy.parse_dense_blocks(dense_blocks)
-        except ValueError as e:
-            return str(e)
-        nums = [x for x in (start_percent, end_percent) if isinstance(x, (int, float)) and not isinstance(x, bool)]
-        if any(not 0.0 <= x <= 1.0 for x in nums):
-            return f"start_percent and end_percent must be within 0..1, got {start_percent}, {end_percent}"
-        if len(nums) == 2 and start_percent > end_percent:
-            return f"start_percent ({start_percent}) must not be after end_percent ({end_percent})"
-        return True
+        # the inputs ComfyUI cannot check itself (text, combos, start <= end) are checked here with a message
+        # naming the input; no **kwargs, so ComfyUI still range-checks the numbers (density, band, dense_steps,
+        # min_tokens) with its own errors. A linked input arrives as None and is skipped.
+        why = policy.input_error(variant=variant, sink_blocks=sink_blocks, start_percent=start_percent,
+                                 end_percent=end_percent, dense_blocks=dense_blocks, reorder=reorder, backend=backend)
+        return True if why is None else why
 
     @classmethod
     def execute(cls, model, variant, density, band, sink_blocks, dense_steps, start_percent, end_percent,

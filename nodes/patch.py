@@ -6,10 +6,10 @@ override installed before it as `prev`. Per sampling run it reads, for every att
 - the block index: `block_index`/`block_type` in newer ComfyUI, else by counting self-attention calls of
   the current forward (the counter lives in per-run state keyed by CFG branch and device and is reset by
   a DIFFUSION_MODEL wrapper at the start of every forward);
-- the step: the current sigma against `sample_sigmas` (a pass that starts where the previous one left
-  off with leftover noise continues its step count);
-- the token grid: `grid_sizes` in newer ComfyUI, else the DIFFUSION_MODEL wrapper reads the latent's
-  shape (FLUX: text length from the context, image grid from the latent).
+- the step (nodes/layout.py): the current sigma against `sample_sigmas` (a pass that starts where the
+  previous one left off with leftover noise continues its step count);
+- the token grid: `grid_sizes` in newer ComfyUI (Wan), else the DIFFUSION_MODEL wrapper reads the latent's
+  shape and the text length per model family (nodes/models.py; text in front or behind the latent tokens).
 `policy.call_reason` decides; the operator runs with Morton order and the text prefix untouched; every
 other call goes to the previous override or ComfyUI's own attention. An ON_PREPARE_STATE callback and the
 wrapper re-install the override if a later node displaced it without chaining.
@@ -25,7 +25,6 @@ import math
 import os
 import threading
 import uuid
-import weakref
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -33,7 +32,10 @@ import torch
 from ..kernels import piecewise_sparse_attention, select_backend
 from ..kernels import dispatch as _dispatch
 from ..kernels.config import SparseConfig
-from . import policy, training
+from . import chain, policy, training
+from .call import block_index_of, bind, grid_of, layout_of, unwrap, with_plain
+from .layout import _SCHEDULES, sigma_and_step  # noqa: F401 (tests read them here)
+from .models import ForwardInfo, forward_info, model_spec, token_order  # noqa: F401 (re-exported)
 
 log = logging.getLogger("piecewise_sparse_attention.nodes")
 
@@ -46,7 +48,6 @@ OVERRIDE = "optimized_attention_override"
 FORWARD_KEY = "psa_forward"  # transformer_options entry the wrapper sets for the current forward
 DECISION_LOG_ENV = "PSA_DECISION_LOG"
 
-_ARG_NAMES = ("q", "k", "v", "heads", "mask", "attn_precision", "skip_reshape", "skip_output_reshape")
 _lock = threading.Lock()  # serialises the decision log's appends
 _tls = threading.local()
 _logged = _dispatch._logged  # one "logged once" registry for the whole pack (tests reset it)
@@ -104,134 +105,7 @@ def reset_run(uid: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
-# per-forward layout
-
-@dataclass(frozen=True)
-class ForwardInfo:
-    family: str
-    grid: tuple[int, ...] | None  # token grid after the prefix
-    n_prefix: int
-    reason: str | None = None  # the whole forward stays dense (with this reason)
-    sigma: float | None = None  # read once per forward: on a GPU each read of a tensor is a device sync
-    step: tuple[int, int] | None = None
-    timing_known: bool = False
-    sigmas: tuple[float, ...] | None = None  # each sample's sigma (read while training: per-sample decisions)
-
-    @property
-    def n_tokens(self) -> int | None:
-        return None if self.grid is None else self.n_prefix + math.prod(self.grid)
-
-
-_SCHEDULES: dict[tuple, tuple[weakref.ref, list[float]]] = {}
-
-
-def sigma_and_step(to: dict) -> tuple[float | None, tuple[int, int] | None]:
-    """The current sigma and (step, n_steps) from transformer_options; the schedule is read from the device
-    once per run (cached by tensor identity), not once per attention call."""
-    sig_t = to.get("sigmas")
-    if not isinstance(sig_t, torch.Tensor) or not sig_t.numel():
-        return None, None
-    sigma = float(sig_t.detach().flatten()[0])
-    sched = to.get("sample_sigmas")
-    if isinstance(sched, torch.Tensor):
-        key = (id(sched), sched.data_ptr(), sched.numel())
-        hit = _SCHEDULES.get(key)
-        # a freed schedule's id and storage can be recycled by the next run's: check it is the same tensor
-        if hit is None or hit[0]() is not sched:
-            if len(_SCHEDULES) > 64:
-                _SCHEDULES.clear()
-            values = [float(x) for x in sched.detach().float().cpu().tolist()]
-            hit = _SCHEDULES[key] = (weakref.ref(sched), values, _pass_offset(values))
-        sched, offset = hit[1], hit[2]
-        step = policy.step_of(sigma, sched)
-        return sigma, None if step is None else (step[0] + offset, step[1] + offset)
-    return sigma, policy.step_of(sigma, sched)
-
-
-# the last schedule seen: (its last sigma, steps done by its end). A pass that starts where the previous one
-# stopped with leftover noise (two KSamplerAdvanced, Wan2.2 high/low noise models) continues its step count.
-_LAST_PASS: list = [None]
-
-
-def _pass_offset(values: list[float]) -> int:
-    offset = 0
-    last = _LAST_PASS[0]
-    if last is not None and len(values) >= 2 and last[0] > 0.0:
-        if abs(values[0] - last[0]) <= 1e-5 * max(1.0, abs(last[0])):
-            offset = last[1]
-    if len(values) >= 2:
-        _LAST_PASS[0] = (values[-1], offset + len(values) - 1)
-    return offset
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-int(a) // int(b))
-
-
-def forward_info(family: str, diffusion_model, args, kwargs) -> ForwardInfo:
-    """Token layout of one forward from the diffusion model's own arguments (old and new ComfyUI)."""
-    x = args[0] if args else kwargs.get("x")
-    context = args[2] if len(args) > 2 else kwargs.get("context")
-    if not isinstance(x, torch.Tensor):
-        return ForwardInfo(family, None, 0, "latent not a tensor")
-    if family == "wan":
-        if x.dim() != 5:
-            return ForwardInfo(family, None, 0, f"Wan latent of rank {x.dim()}, expected 5")
-        p = tuple(getattr(diffusion_model, "patch_size", (1, 2, 2)))
-        t = x.shape[2]
-        tdc = args[4] if len(args) > 4 else kwargs.get("time_dim_concat")
-        if isinstance(tdc, torch.Tensor):
-            t = _ceil_div(t, p[0]) * p[0] + tdc.shape[2]
-        grid = (_ceil_div(t, p[0]), _ceil_div(x.shape[3], p[1]), _ceil_div(x.shape[4], p[2]))
-        reason = None
-        if isinstance(context, torch.Tensor) and context.shape[1] == math.prod(grid):
-            # old ComfyUI has no block index: self and cross-attention would be indistinguishable
-            reason = (f"the text context has as many tokens as the video ({context.shape[1]}); this ComfyUI "
-                      f"gives no block index, so self- and cross-attention cannot be told apart")
-        return ForwardInfo(family, grid, 0, reason)
-    if family == "flux":
-        if x.dim() != 4:
-            return ForwardInfo(family, None, 0, f"FLUX latent of rank {x.dim()}, expected 4")
-        p = int(getattr(diffusion_model, "patch_size", 2))
-        n_txt = int(context.shape[1]) if isinstance(context, torch.Tensor) else 0
-        grid = (_ceil_div(x.shape[2], p), _ceil_div(x.shape[3], p))
-        return ForwardInfo(family, grid, n_txt)
-    return ForwardInfo(family, None, 0, f"unknown family {family}")
-
-
-# ---------------------------------------------------------------------------------------------------
 # the override
-
-def _unwrap(x):
-    """Newer ComfyUI passes q/k/v in an AttentionTensorContainer: take the tensor out."""
-    if isinstance(x, torch.Tensor) or x is None:
-        return x
-    take = getattr(x, "take", None)
-    if callable(take):
-        return take()
-    for name in ("tensor", "data", "value"):
-        t = getattr(x, name, None)
-        if isinstance(t, torch.Tensor):
-            return t
-    return x
-
-
-def _bind(args, kwargs) -> dict:
-    bound = dict(zip(_ARG_NAMES, args))
-    bound.update(kwargs)
-    return bound
-
-
-def _with_plain(args, kwargs, q, k, v):
-    """The call's arguments with q/k/v as the plain tensors we took out of any container."""
-    args = list(args)
-    for i, (name, t) in enumerate((("q", q), ("k", k), ("v", v))):
-        if i < len(args):
-            args[i] = t
-        elif name in kwargs:
-            kwargs = {**kwargs, name: t}
-    return tuple(args), kwargs
-
 
 def _decision_log(entry: dict) -> None:
     path = os.environ.get(DECISION_LOG_ENV)
@@ -246,11 +120,14 @@ def _decision_log(entry: dict) -> None:
 class SparseAttentionOverride:
     """`optimized_attention_override(func, *args, **kwargs)`: sparse where the policy allows, else `prev`.
 
-    Picklable and deep-copyable (plain attributes); all mutable state is in module-level dicts keyed by
-    `uid`."""
+    Every exception before or inside the sparse path becomes a dense call (`prev`, else ComfyUI's `func`) with
+    one log line naming the reason; exceptions of the dense path itself are not ours to hide. Picklable and
+    deep-copyable (plain attributes); all mutable state is in module-level dicts keyed by `uid`."""
+
+    _psa_override = True  # how nodes/chain.py recognises ours
 
     def __init__(self, knobs: policy.Knobs, *, family: str, total_blocks: int, n_double: int = 0,
-                 prev=None, uid: str | None = None, probe_id: str | None = None):
+                 prev=None, uid: str | None = None, probe_id: str | None = None, foreign_below=frozenset()):
         self.knobs = knobs
         self.family = family
         self.total_blocks = int(total_blocks)
@@ -258,17 +135,26 @@ class SparseAttentionOverride:
         self.prev = prev
         self.uid = uid or uuid.uuid4().hex
         self.probe_id = probe_id
+        self.foreign_below = frozenset(foreign_below)  # core sparse nodes applied before ours (nodes/chain.py)
 
     def with_prev(self, prev) -> "SparseAttentionOverride":
         return SparseAttentionOverride(self.knobs, family=self.family, total_blocks=self.total_blocks,
-                                       n_double=self.n_double, prev=prev, uid=self.uid, probe_id=self.probe_id)
+                                       n_double=self.n_double, prev=prev, uid=self.uid, probe_id=self.probe_id,
+                                       foreign_below=self.foreign_below)
 
     def __repr__(self):
         return f"SparseAttentionOverride({self.family}, {self.knobs}, prev={self.prev!r})"
 
     def _next(self, func, args, kwargs):
-        if self.prev is not None:
-            return self.prev(func, *args, **kwargs)
+        prev = self.prev
+        if self.foreign_below:
+            prev = chain.skip_foreign(prev, self.foreign_below)
+            if prev is not self.prev:
+                log_once(f"skip-core:{self.uid}", "piecewise sparse attention: %s, applied before this node, is "
+                         "skipped (the sparse node nearer the sampler decides; never both on one call)",
+                         chain.CORE_NAME, level=logging.WARNING)
+        if prev is not None:
+            return prev(func, *args, **kwargs)
         return func(*args, **kwargs)
 
     def __call__(self, func, *args, **kwargs):
@@ -281,153 +167,171 @@ class SparseAttentionOverride:
         finally:
             _tls.inside = False
 
-    def _block_index(self, to: dict, st: RunState, branch: tuple, is_self: bool) -> int | None:
-        if "block_index" in to:
-            b = int(to["block_index"])
-            btype = str(to.get("block_type", ""))
-            if self.family == "flux" and "single" in btype:
-                b += self.n_double
-            return b
-        if not is_self:
-            return None
+    def _dense(self, func, args, kwargs, reason: str, st: RunState | None = None, entry: dict | None = None):
+        """The call goes on dense (prev or ComfyUI's function); the reason is tallied and logged once."""
+        (st or run_state(self.uid)).tally.add(reason)
+        if not policy.is_routine(reason):
+            log_once(f"reason:{self.family}:{reason}", "piecewise sparse attention (%s): dense because %s",
+                     self.family, reason)
+        _decision_log({"family": self.family, "sparse": False, "reason": reason, "probe": self.probe_id is not None,
+                       **(entry or {})})
+        return self._next(func, args, kwargs)
+
+    def _block_index(self, to: dict, st: RunState, branch: tuple, is_self: bool):
+        """(block index or None, reason it is unreadable or None)."""
+        b, why = block_index_of(to)
+        if why is not None:
+            return None, why
+        if b is not None:
+            if self.n_double and "single" in str(to.get("block_type", "")):
+                b += self.n_double  # FLUX, HunyuanVideo: single blocks numbered from 0
+            return b, None
+        if not is_self:  # counted: the joint self-attention calls of the forward (not refiners, not audio)
+            return None, None
         bs = st.branches.setdefault(branch, BranchState())
         b = bs.self_calls % max(1, self.total_blocks)
         bs.self_calls += 1
-        return b
+        return b, None
 
     def _call(self, func, args, kwargs):
-        bound = _bind(args, kwargs)
-        q, k, v = (_unwrap(bound.get(n)) for n in ("q", "k", "v"))
+        try:
+            bound = bind(args, kwargs)
+            q, k, v = (unwrap(bound.get(n)) for n in ("q", "k", "v"))
+        except Exception as e:
+            return self._dense(func, args, kwargs, f"its q/k/v could not be read ({type(e).__name__}: {e})")
         if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
-            log_once("no-tensors", "piecewise sparse attention: q/k/v are not tensors (%s); attention stays "
-                     "dense", type(bound.get("q")).__name__, level=logging.WARNING)
-            return self._next(func, args, kwargs)
-        args, kwargs = _with_plain(args, kwargs, q, k, v)
+            return self._dense(func, args, kwargs, f"q/k/v are not tensors ({type(bound.get('q')).__name__})")
+        args, kwargs = with_plain(args, kwargs, q, k, v)
+        try:
+            plan = self._plan(bound, q, k, v)
+        except Exception as e:  # a call this version does not understand: dense, never a broken sampling run
+            if log_once(f"plan-failure:{type(e).__name__}", "piecewise sparse attention: reading an attention call "
+                        "failed; it runs dense (traceback below, logged once)", level=logging.ERROR):
+                log.exception("piecewise sparse attention: call traceback")
+            return self._dense(func, args, kwargs, f"the call could not be read ({type(e).__name__}: {e})")
+        reason, st, entry = plan[0], plan[1], plan[2]
+        if reason is not None:
+            return self._dense(func, args, kwargs, reason, st, entry)
+        _decision_log({"family": self.family, "sparse": True, "reason": None, "probe": self.probe_id is not None,
+                       **entry})
+        rows = entry.get("sparse_rows")
+        if rows is not None and not all(rows):
+            return self._split_rows(func, args, kwargs, bound, q, k, v, rows, plan)
+        return self._sparse(func, args, kwargs, bound, q, k, v, *plan[1:])
+
+    def _split_rows(self, func, args, kwargs, bound, q, k, v, rows, plan):
+        """Training batch whose samples disagree (random per-sample sigmas): the sparse rows through the
+        operator, the others through the next attention, reassembled in batch order (differentiable)."""
+        i_on = torch.tensor([b for b, x in enumerate(rows) if x], device=q.device, dtype=torch.long)
+        i_off = torch.tensor([b for b, x in enumerate(rows) if not x], device=q.device, dtype=torch.long)
+        plan[1].tally.add(plan[2]["row_reasons"][int(i_off[0])])
+        a, kw = with_plain(args, kwargs, q[i_on], k[i_on], v[i_on])
+        on = self._sparse(func, a, kw, bound, q[i_on], k[i_on], v[i_on], *plan[1:])
+        a, kw = with_plain(args, kwargs, q[i_off], k[i_off], v[i_off])
+        off = unwrap(self._next(func, a, kw))
+        return torch.cat([on, off])[torch.argsort(torch.cat([i_on, i_off]))]
+
+    def _plan(self, bound, q, k, v):
+        """(reason or None, run state, decision-log entry, call, layout, grid, n_prefix)."""
         to = bound.get("transformer_options") or {}
-        heads = bound.get("heads")
-        skip_reshape = bool(bound.get("skip_reshape", False))
-        skip_output_reshape = bool(bound.get("skip_output_reshape", False))
-        if skip_reshape:
-            q_len, k_len, head_dim = q.shape[2], k.shape[2], q.shape[3]
-        else:
-            if not heads:
-                return self._next(func, args, kwargs)
-            q_len, k_len, head_dim = q.shape[1], k.shape[1], q.shape[2] // int(heads)
+        if not isinstance(to, dict):
+            return f"transformer_options is a {type(to).__name__}", run_state(self.uid), {}, None, None, None, 0
+        lay = layout_of(bound, q, k, v)
         st = run_state(self.uid)
         branch = (tuple(to.get("cond_or_uncond", ()) or ()), str(q.device))
+        info: ForwardInfo | None = to.get(FORWARD_KEY)
+        grid, n_prefix, n_suffix, fwd_reason, side = None, 0, 0, None, None
+        if to.get("grid_sizes") is not None and self.family == "wan":
+            try:
+                grid = grid_of(to["grid_sizes"])
+            except ValueError as e:
+                fwd_reason = f"grid_sizes unreadable ({e})"
+        elif info is not None:
+            grid, n_prefix, n_suffix, fwd_reason = info.grid, info.n_prefix, info.n_suffix, info.reason
+        is_joint = lay.q_len is not None and lay.q_len == lay.k_len
+        if info is not None and is_joint:
+            side = info.side_stream(int(lay.q_len))
+        n_expected = None if grid is None else n_prefix + math.prod(grid) + n_suffix
+        counted = is_joint and side is None and (n_expected is None or lay.q_len == n_expected)
         train = training.is_training(q, k, v)
         if train:  # the same index in a checkpointed block's forward and its recompute (nodes/training.py)
-            block = training.block_from_stack(self.uid) if q_len == k_len else None
+            block, block_why = (training.block_from_stack(self.uid) if counted else None), None
         else:
-            block = self._block_index(to, st, branch, q_len == k_len)
-
-        info: ForwardInfo | None = to.get(FORWARD_KEY)
-        grid, n_prefix, fwd_reason = None, 0, None
-        if "grid_sizes" in to and self.family == "wan":
-            grid = tuple(int(g) for g in to["grid_sizes"])
-        elif info is not None:
-            grid, n_prefix, fwd_reason = info.grid, info.n_prefix, info.reason
-        if "block_index" in to and fwd_reason is not None and fwd_reason.startswith("the text context"):
+            block, block_why = self._block_index(to, st, branch, counted)
+        entry = {"block": block, "q_len": lay.q_len, "k_len": lay.k_len, "branch": list(branch[0]), "step": None,
+                 "n_steps": None, "training": train, "recompute": train and training.in_recompute()}
+        if lay.q_len is None or (lay.reason is not None and lay.q_len == lay.k_len):
+            return lay.reason, st, entry, None, lay, None, 0, 0
+        if block_why is None and to.get("block_index") is not None and fwd_reason is not None \
+                and fwd_reason.startswith("the text context"):
             fwd_reason = None  # newer ComfyUI tells the blocks apart
-        n_expected = None if grid is None else n_prefix + math.prod(grid)
-
+        fwd_reason = fwd_reason or block_why or chain.step_aside_reason(to.get(chain.OVERRIDE), self)
         sigma, step = (info.sigma, info.step) if info is not None and info.timing_known else sigma_and_step(to)
-
-        call = policy.Call(q_len=int(q_len), k_len=int(k_len), head_dim=int(head_dim), dtype=str(q.dtype),
-                           has_mask=bound.get("mask") is not None, n_tokens_expected=n_expected, block=block,
-                           total_blocks=self.total_blocks, step=None if step is None else step[0],
-                           n_steps=None if step is None else step[1], sigma=sigma,
-                           sigma_window=st.sigma_window, forward_reason=fwd_reason, training=train,
-                           dense_sigma=st.dense_sigma)
-        rows = row_sigmas = None
-        if train:  # each sample's own noise level decides (random per-sample sigmas)
+        call = policy.Call(q_len=int(lay.q_len), k_len=int(lay.k_len), head_dim=int(lay.head_dim or 0),
+                           dtype=str(q.dtype), has_mask=bound.get("mask") is not None, n_tokens_expected=n_expected,
+                           block=block, total_blocks=self.total_blocks, step=None if step is None else step[0],
+                           n_steps=None if step is None else step[1], sigma=sigma, sigma_window=st.sigma_window,
+                           forward_reason=fwd_reason, side_stream=side, training=train, dense_sigma=st.dense_sigma)
+        entry.update(step=call.step, n_steps=call.n_steps)
+        if train:  # each sample's own noise level decides (random per-sample sigmas); all dense: the first's reason
             row_sigmas = training.per_row(training.sample_sigmas(to, info), q.shape[0])
-            rows = [policy.call_reason(self.knobs, replace(call, sigma=sg)) for sg in row_sigmas]
-            # all rows dense: the call is dense (first row's reason); some sparse: split below
-            reason = None if any(r is None for r in rows) else rows[0]
+            row_reasons = [policy.call_reason(self.knobs, replace(call, sigma=sg)) for sg in row_sigmas]
+            reason = None if any(r is None for r in row_reasons) else row_reasons[0]
+            entry.update(row_sigmas=row_sigmas, row_reasons=row_reasons,
+                         sparse_rows=[r is None for r in row_reasons])
         else:
             reason = policy.call_reason(self.knobs, call)
         if reason is None:
-            reason = slow_path_reason(q, int(head_dim), self.knobs)
-        if reason is not None:
-            st.tally.add(reason)
-        if reason is not None and not policy.is_routine(reason):
-            log_once(f"reason:{self.family}:{reason}", "piecewise sparse attention (%s): dense because %s",
-                     self.family, reason)
-        sparse_rows = None if reason is not None or rows is None else [r is None for r in rows]
-        _decision_log({"family": self.family, "block": block, "step": call.step, "n_steps": call.n_steps,
-                       "q_len": call.q_len, "k_len": call.k_len, "branch": list(branch[0]),
-                       "sparse": reason is None, "reason": reason, "probe": self.probe_id is not None,
-                       "training": train, "recompute": train and training.in_recompute(),
-                       "sparse_rows": sparse_rows, "row_sigmas": row_sigmas})
-        if reason is not None:
-            return self._next(func, args, kwargs)
-        if sparse_rows is not None and not all(sparse_rows):
-            return self._split_rows(func, args, kwargs, q, k, v, sparse_rows, rows, bound, st, call, grid, n_prefix)
-        return self._sparse(func, args, kwargs, q, k, v, bound, st, call, grid, n_prefix)
+            reason = slow_path_reason(q, int(lay.head_dim), self.knobs, q_len=int(lay.q_len))
+        return reason, st, entry, call, lay, grid, n_prefix, n_suffix
 
-    def _split_rows(self, func, args, kwargs, q, k, v, sparse_rows, rows, bound, st, call, grid, n_prefix):
-        """Training batch whose samples disagree (random per-sample sigmas): the sparse rows through the
-        operator, the others through the next attention, reassembled in batch order (differentiable)."""
-        on = [b for b, x in enumerate(sparse_rows) if x]
-        off = [b for b, x in enumerate(sparse_rows) if not x]
-        for b in off:
-            st.tally.add(rows[b])
-        i_on = torch.tensor(on, device=q.device, dtype=torch.long)
-        i_off = torch.tensor(off, device=q.device, dtype=torch.long)
-        parts = []
-        for idx, sparse in ((i_on, True), (i_off, False)):
-            a, kw = _with_plain(args, kwargs, q[idx], k[idx], v[idx])
-            if sparse:
-                parts.append(self._sparse(func, a, kw, q[idx], k[idx], v[idx], bound, st, call, grid, n_prefix))
-            else:
-                parts.append(_unwrap(self._next(func, a, kw)))
-        order = torch.argsort(torch.cat([i_on, i_off]))
-        return torch.cat(parts)[order]
-
-    def _sparse(self, func, args, kwargs, q, k, v, bound, st, call, grid, n_prefix):
-        heads = bound.get("heads")
+    def _sparse(self, func, args, kwargs, bound, q, k, v, st, entry, call, lay, grid, n_prefix, n_suffix):
+        kn = self.knobs
         skip_reshape = bool(bound.get("skip_reshape", False))
         skip_output_reshape = bool(bound.get("skip_output_reshape", False))
-        head_dim = call.head_dim
-
-        # [B, H, T, D] views for the operator
-        if skip_reshape:
-            qh, kh, vh = q, k, v
+        order = None
+        if n_suffix:  # exact tokens behind the grid: one permutation puts them in front (Morton composed in)
+            n_front, op_reorder, op_grid = n_prefix + n_suffix, "none", None
         else:
-            b_, h_ = q.shape[0], int(heads)
-            qh, kh, vh = (t.view(b_, t.shape[1], h_, head_dim).transpose(1, 2) for t in (q, k, v))
-        kn = self.knobs
-        sinks = policy.resolve_sink_blocks(kn.sink_blocks, n_prefix, kn.block_size)
+            n_front, op_reorder, op_grid = n_prefix, kn.reorder, grid if kn.reorder == "morton" else None
+        sinks = policy.resolve_sink_blocks(kn.sink_blocks, n_front, kn.block_size)
         try:
+            # [B, H, T, D] views for the operator
+            if skip_reshape:
+                qh, kh, vh = q, k, v
+            else:
+                qh, kh, vh = (t.view(t.shape[0], t.shape[1], lay.heads, lay.head_dim).transpose(1, 2)
+                              for t in (q, k, v))
+            if n_suffix:
+                order = token_order(n_prefix, grid, n_suffix, kn.reorder == "morton", qh.device)
+                qh, kh, vh = (t.index_select(-2, order[0]) for t in (qh, kh, vh))
             out = piecewise_sparse_attention(
                 qh, kh, vh, density=kn.density, variant=kn.variant, band=kn.band, n_sink_blocks=sinks,
-                cov_bias=kn.cov_bias, block_size=kn.block_size, reorder=kn.reorder,
-                grid=grid if kn.reorder == "morton" else None, n_prefix=n_prefix, backend=kn.backend,
-                on_failure="raise")
-        except Exception:
-            if training.in_recompute():
-                # a checkpointed block's recompute (which may also stop early by raising) must take the
-                # forward's path: never swap in dense attention here
+                cov_bias=kn.cov_bias, block_size=kn.block_size, scale=lay.scale, reorder=op_reorder, grid=op_grid,
+                n_prefix=0 if order is not None else n_prefix, backend=kn.backend, on_failure="raise")
+            if order is not None:
+                out = out.index_select(-2, order[1])
+            flat = out if skip_output_reshape else out.transpose(1, 2).reshape(out.shape[0], out.shape[2], -1)
+        except Exception as e:
+            if training.is_checkpoint_stop(e):  # a checkpointed recompute stopping early: not a failure
                 raise
-            st.tally.add("operator failed, ran dense")
             if log_once("kernel-failure", "piecewise sparse attention: the operator failed; this call and "
                         "later failures run dense (traceback below, logged once)", level=logging.ERROR):
                 log.exception("piecewise sparse attention: operator traceback")
+            log_once(f"kernel-failure:{type(e).__name__}:{e}", "piecewise sparse attention: operator failure: "
+                     "%s: %s", type(e).__name__, e, level=logging.WARNING)
+            st.tally.add("operator failed, ran dense")
             return self._next(func, args, kwargs)
         st.tally.add(None)
 
         if self.probe_id is not None:
             try:
-                self._probe(func, args, kwargs, qh, kh, vh, out, call, sinks, n_prefix, grid, skip_output_reshape)
+                self._probe(func, args, kwargs, qh, kh, vh, out, call, sinks, n_front, op_grid, skip_output_reshape)
             except Exception:  # the probe only measures: its failure (e.g. out of memory) never breaks sampling
                 if log_once("probe-failure", "piecewise sparse attention: the probe's dense comparison failed; "
                             "sampling goes on without it (traceback below, logged once)", level=logging.ERROR):
                     log.exception("piecewise sparse attention: probe traceback")
-
-        if skip_output_reshape:
-            return out
-        return out.transpose(1, 2).reshape(out.shape[0], out.shape[2], -1)
+        return flat
 
     def _probe(self, func, args, kwargs, qh, kh, vh, out, call, sinks, n_prefix, grid, skip_output_reshape):
         """Side-by-side: the dense result of this very call, its relative error, one kept-block pattern."""
@@ -435,7 +339,7 @@ class SparseAttentionOverride:
         rec.knobs, rec.family, rec.total_blocks, rec.n_steps = self.knobs, self.family, self.total_blocks, call.n_steps
         rec.tokens = call.q_len
         with torch.no_grad():
-            dense = _unwrap(self._next(func, args, kwargs))
+            dense = unwrap(self._next(func, args, kwargs))
             if not skip_output_reshape:
                 dense = dense.view(out.shape[0], out.shape[2], out.shape[1], out.shape[3]).transpose(1, 2)
             d = dense.float()
@@ -447,12 +351,18 @@ class SparseAttentionOverride:
             rec.pattern_where = (call.step, call.block)
 
 
-def slow_path_reason(q: torch.Tensor, head_dim: int, kn: policy.Knobs, *, on_gpu: bool | None = None) -> str | None:
+def slow_path_reason(q: torch.Tensor, head_dim: int, kn: policy.Knobs, *, on_gpu: bool | None = None,
+                     q_len: int | None = None) -> str | None:
     """With backend "auto" on a GPU, inputs that no fast kernel takes would run on the PyTorch reference,
     which is slower than dense attention there: such calls stay dense (the reason is logged once). On a CPU
-    the reference is what runs; an explicit backend (node input or PSA_BACKEND) is obeyed."""
+    the reference is what runs; an explicit backend (node input or PSA_BACKEND) is obeyed. Under "auto" on a GPU
+with a measured break-even table, sizes where the sparse operator is slower than dense stay dense too."""
     if kn.backend != "auto" or not (q.is_cuda if on_gpu is None else on_gpu):
         return None
+    if on_gpu is None and q_len is not None:
+        why = policy.breakeven_reason(_breakeven_table(), _gpu_name(q.device), q_len, kn.density)
+        if why is not None:
+            return why
     # once per (device, dtype, head_dim, knobs, PSA_BACKEND), not per attention call (`on_gpu` given: tests)
     key = (str(q.device), q.dtype, head_dim, kn.variant, kn.block_size, kn.cov_bias, os.environ.get("PSA_BACKEND"))
     if on_gpu is None and key in _SLOW_PATH:
@@ -464,6 +374,32 @@ def slow_path_reason(q: torch.Tensor, head_dim: int, kn: policy.Knobs, *, on_gpu
 
 
 _SLOW_PATH: dict[tuple, str | None] = {}
+_GPU_NAMES: dict[str, str] = {}
+_BREAKEVEN: list = []
+
+
+def _gpu_name(device) -> str | None:
+    key = str(device)
+    if key not in _GPU_NAMES:
+        try:
+            _GPU_NAMES[key] = torch.cuda.get_device_name(device)
+        except Exception:  # no name, no break-even rule
+            _GPU_NAMES[key] = ""
+    return _GPU_NAMES[key] or None
+
+
+def _breakeven_table() -> dict | None:
+    """nodes/breakeven_h200.json (measured by bench/pieces.py --breakeven), read once; None if unreadable."""
+    if not _BREAKEVEN:
+        path = os.path.join(os.path.dirname(__file__), "breakeven_h200.json")
+        try:
+            with open(path) as f:
+                _BREAKEVEN.append(json.load(f))
+        except (OSError, ValueError) as e:
+            log_once("breakeven-missing", "piecewise sparse attention: no break-even table (%s); sparse runs at "
+                     "every size above min_tokens", e)
+            _BREAKEVEN.append(None)
+    return _BREAKEVEN[0]
 
 
 def _slow_path_check(q: torch.Tensor, head_dim: int, kn: policy.Knobs) -> str | None:
@@ -499,41 +435,20 @@ def _kept_pattern(qh, kh, vh, kn: policy.Knobs, sinks: int, n_prefix: int, grid)
 # ---------------------------------------------------------------------------------------------------
 # keeping the override installed
 
-def _chain_contains(obj, uid: str, depth: int = 0) -> bool:
-    """Best effort: does this override (or what it wraps) contain our override `uid`?"""
-    if obj is None or depth > 8:
-        return False
-    if isinstance(obj, SparseAttentionOverride):
-        return obj.uid == uid or _chain_contains(obj.prev, uid, depth + 1)
-    inner = []
-    for name in ("prev", "previous", "__wrapped__", "func", "__self__", "orig", "original"):
-        inner.append(getattr(obj, name, None))
-    inner.extend(getattr(obj, "args", ()) or ())
-    for cell in getattr(obj, "__closure__", None) or ():
-        try:
-            inner.append(cell.cell_contents)
-        except ValueError:
-            pass
-    d = getattr(obj, "__dict__", None)
-    if isinstance(d, dict):
-        inner.extend(d.values())
-    return any(x is not obj and callable(x) and _chain_contains(x, uid, depth + 1) for x in inner)
-
-
-def ensure_installed(transformer_options: dict, override: SparseAttentionOverride) -> bool:
-    """Re-install `override` if a later node displaced it without chaining; True when it re-installed."""
+def ensure_installed(transformer_options: dict, override: SparseAttentionOverride, *, settle: bool = True) -> bool:
+    """Keep `override` in the chain (re-installed in front if a later node displaced it without chaining) and,
+    with `settle`, on top when the core sparse nodes above it were applied before it (nodes/chain.py; done on a
+    forward's own transformer_options, never on the sampler's, which the core node re-wraps every step); True
+    when it moved."""
     if not isinstance(transformer_options, dict):
         return False
     cur = transformer_options.get(OVERRIDE)
-    if _chain_contains(cur, override.uid):
-        return False
-    if isinstance(cur, SparseAttentionOverride):
-        return False  # another of our nodes, applied later, replaced this one on purpose
-    transformer_options[OVERRIDE] = override.with_prev(cur)
-    if cur is not None:
-        log_once(f"reinstall:{override.uid}", "piecewise sparse attention: another node replaced the attention "
-                 "override without chaining it; re-installed ours in front (it runs the calls we leave dense)")
-    return True
+    if chain.ensure_installed(transformer_options, override):
+        if cur is not None:
+            log_once(f"reinstall:{override.uid}", "piecewise sparse attention: another node replaced the attention "
+                     "override without chaining it; re-installed ours in front (it runs the calls we leave dense)")
+        return True
+    return settle and chain.settle(transformer_options, override)
 
 
 class ForwardWrapper:
@@ -592,10 +507,10 @@ class PrepareStateCallback:
     def __call__(self, *args, **kwargs):
         patcher = _patcher_in(args, kwargs)
         if patcher is not None:
-            ensure_installed(patcher.model_options.setdefault("transformer_options", {}), self.override)
+            ensure_installed(patcher.model_options.setdefault("transformer_options", {}), self.override, settle=False)
         for a in list(args) + list(kwargs.values()):
             if isinstance(a, dict) and isinstance(a.get("transformer_options"), dict):
-                ensure_installed(a["transformer_options"], self.override)
+                ensure_installed(a["transformer_options"], self.override, settle=False)
 
 
 class PreRunCallback:
@@ -664,15 +579,9 @@ def installed_override(model) -> SparseAttentionOverride | None:
 
 
 def model_layout(model) -> tuple[str | None, str | None, int, int]:
-    """(family, reason, total_blocks, n_double) of a ModelPatcher."""
-    base = getattr(model, "model", None)
-    dm = getattr(base, "diffusion_model", None)
-    family, reason = policy.model_family(type(base).__name__, type(dm).__name__)
-    if family == "wan":
-        return family, None, len(dm.blocks), 0
-    if family == "flux":
-        return family, None, len(dm.double_blocks) + len(dm.single_blocks), len(dm.double_blocks)
-    return None, reason, 0, 0
+    """(family, reason, total_blocks, n_double) of a ModelPatcher (nodes/models.py: by class hierarchy)."""
+    spec = model_spec(model)
+    return spec.family, spec.reason, spec.total_blocks, spec.n_double
 
 
 def apply_piecewise_sparse_attention(model, *, variant: str = "pwt", density: float = 0.125, band: int = 1,
@@ -682,18 +591,18 @@ def apply_piecewise_sparse_attention(model, *, variant: str = "pwt", density: fl
                                      min_tokens: int = 4096, backend: str = "auto", probe: bool = False):
     """A clone of `model` (a ComfyUI ModelPatcher) whose self-attention runs piecewise sparse.
 
-    Knobs are in operator units (fractions, ints, a tuple of block indices; see policy.Knobs). A model
-    that is not Wan2.1 or FLUX, or variant "off", comes back as a clone with attention untouched (one
+    Knobs are in operator units (fractions, ints, a tuple of block indices; see policy.Knobs; `sink_blocks` and
+    `dense_blocks` may also be the node's text), checked by policy.knobs_from (ValueError naming the input). A model
+    of no family in policy.FAMILY_CLASSES, or variant "off", comes back as a clone with attention untouched (one
     log line). With `probe=True` the next sampling run also computes dense attention for every sparse
     call and records the error (read with `probe_id_of`)."""
-    knobs = policy.Knobs(variant=variant, density=float(density), band=int(band), sink_blocks=sink_blocks,
-                         dense_steps=int(dense_steps), start_percent=float(start_percent),
-                         end_percent=float(end_percent), dense_blocks=tuple(int(b) for b in dense_blocks),
-                         reorder=reorder, cov_bias=bool(cov_bias), min_tokens=int(min_tokens), backend=backend)
-    policy.validate_knobs(knobs)
+    knobs = policy.knobs_from(variant=variant, density=density, band=band, sink_blocks=sink_blocks,
+                              dense_steps=dense_steps, start_percent=start_percent, end_percent=end_percent,
+                              dense_blocks=dense_blocks, reorder=reorder, cov_bias=cov_bias, min_tokens=min_tokens,
+                              backend=backend)
     m = model.clone()
     _uninstall(m)
-    if variant == "off":
+    if knobs.variant == "off":
         log_once("variant-off", "piecewise sparse attention: variant is off, the model passes through dense")
         return m
     family, reason, total_blocks, n_double = model_layout(m)
@@ -701,8 +610,10 @@ def apply_piecewise_sparse_attention(model, *, variant: str = "pwt", density: fl
         log_once(f"family:{reason}", "piecewise sparse attention: %s", reason)
         return m
     to = m.model_options.setdefault("transformer_options", {})
-    override = SparseAttentionOverride(knobs, family=family, total_blocks=total_blocks, n_double=n_double,
-                                       prev=to.get(OVERRIDE), probe_id=uuid.uuid4().hex if probe else None)
+    prev = to.get(OVERRIDE)
+    override = SparseAttentionOverride(knobs, family=family, total_blocks=total_blocks, n_double=n_double, prev=prev,
+                                       probe_id=uuid.uuid4().hex if probe else None,
+                                       foreign_below=chain.foreign_below(prev))
     to[OVERRIDE] = override
     m.add_wrapper_with_key(WRAPPER_DIFFUSION_MODEL, KEY, ForwardWrapper(override))
     m.add_callback_with_key(CB_PREPARE_STATE, KEY, PrepareStateCallback(override))

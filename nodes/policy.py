@@ -7,6 +7,7 @@ converted (fractions, sets of block indices, sigmas); the node's `execute` does 
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
 VARIANTS = ("pwt", "pisa", "drop", "off")
@@ -22,11 +23,25 @@ TRAINING_REFERENCE_STEPS = 50
 SUPPORTED_HEAD_DIMS = (32, 64, 80, 96, 128, 256)
 SUPPORTED_DTYPES = ("torch.float16", "torch.bfloat16", "torch.float32")
 
-# ComfyUI model classes we know the token layout of: (model_base class, diffusion model class) -> family
-FAMILIES = {
-    ("WAN21", "WanModel"): "wan",
-    ("Flux", "Flux"): "flux",
+# ComfyUI diffusion-model classes whose token layout we know, matched anywhere in the class hierarchy of the
+# loaded model (so ComfyUI's subclasses count too: VACE, Camera, Animate, S2V Wan; LTX-2's LTXAVModel), never
+# by the exact class name. (module, class) -> family; nodes/models.py holds each family's token layout.
+FAMILY_CLASSES = {
+    ("comfy.ldm.wan.model", "WanModel"): "wan",  # Wan2.1, Wan2.2 A14B (WAN21) and TI2V 5B (WAN22), VACE, ...
+    ("comfy.ldm.flux.model", "Flux"): "flux",  # FLUX.1 dev/schnell, FLUX.2 (Flux2), Kontext
+    ("comfy.ldm.qwen_image.model", "QwenImageTransformer2DModel"): "qwen_image",
+    ("comfy.ldm.lumina.model", "NextDiT"): "lumina2",  # Lumina Image 2.0, Z-Image
+    ("comfy.ldm.hunyuan_video.model", "HunyuanVideo"): "hunyuan_video",  # HunyuanVideo 1.0 and 1.5
+    ("comfy.ldm.lightricks.model", "LTXVModel"): "ltxv",  # LTX-Video, LTX-2 (LTXAVModel)
 }
+# subclasses of a known class whose attention is not the parent's: (module, class) -> why they stay dense
+EXCLUDED_CLASSES = {
+    ("comfy.ldm.wan.ar_model", "CausalWanModel"): "causal (autoregressive) Wan attends to a KV cache",
+    ("comfy.ldm.flux.controlnet", "ControlNetFlux"): "a ControlNet, not a diffusion model",
+    ("comfy.ldm.qwen_image.controlnet", "QwenImageControlNetModel"): "a ControlNet, not a diffusion model",
+}
+SUPPORTED_MODELS = ("Wan2.1, Wan2.2 (A14B, TI2V 5B, VACE), FLUX.1, FLUX.2, Qwen-Image, Z-Image / Lumina 2, "
+                    "HunyuanVideo 1.0/1.5, LTX-Video / LTX-2")
 
 
 @dataclass(frozen=True)
@@ -138,13 +153,86 @@ def step_of(sigma: float, sample_sigmas) -> tuple[int, int] | None:
     return min(max(step, 0), n_steps - 1), n_steps
 
 
-def model_family(model_base_class: str, diffusion_model_class: str) -> tuple[str | None, str | None]:
-    """("wan" | "flux", None) for supported models, else (None, reason naming the class)."""
-    fam = FAMILIES.get((model_base_class, diffusion_model_class))
-    if fam is None:
-        return None, (f"{model_base_class} ({diffusion_model_class}) is not a supported model "
-                      f"(Wan2.1 T2V/I2V, FLUX.1 dev/schnell); attention stays dense")
-    return fam, None
+def model_family(hierarchy, model_name: str = "") -> tuple[str | None, str | None]:
+    """(family, None) when a class of the diffusion model's hierarchy is one we know, else (None, reason naming
+    the model). `hierarchy`: the (module, class name) pairs of type(diffusion_model).__mro__, most derived first;
+    `model_name` names the model in the reason (e.g. "WAN22 (WanModel)")."""
+    hierarchy = [tuple(h) for h in hierarchy]
+    name = model_name or (hierarchy[0][1] if hierarchy else "?")
+    for h in hierarchy:
+        why = EXCLUDED_CLASSES.get(h)
+        if why is not None:
+            return None, f"{name} is not supported ({why}); attention stays dense"
+        fam = FAMILY_CLASSES.get(h)
+        if fam is not None:
+            return fam, None
+    return None, f"{name} is not a supported model ({SUPPORTED_MODELS}); attention stays dense"
+
+
+def _real(name: str, x, what: str) -> float:
+    if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(float(x)):
+        raise ValueError(f"{name} must be {what}, got {x!r}")
+    return float(x)
+
+
+def _integer(name: str, x, what: str) -> int:
+    v = _real(name, x, what)
+    if not v.is_integer():
+        raise ValueError(f"{name} must be {what}, got {x!r}")
+    return int(v)
+
+
+def _choice(name: str, x, options: tuple[str, ...]) -> str:
+    if not isinstance(x, str) or x not in options:
+        raise ValueError(f"{name} must be one of {', '.join(options)}, got {x!r}")
+    return x
+
+
+def knobs_from(*, variant="pwt", density=0.125, band=1, sink_blocks=None, dense_steps=-1, start_percent=0.0,
+               end_percent=1.0, dense_blocks=(0, -1), reorder="morton", cov_bias=False, min_tokens=4096,
+               backend="auto") -> Knobs:
+    """The node's knobs from a caller's values, checked: ValueError naming the input and what to pass.
+
+    Operator units (fractions, ints, a tuple of block indices); `sink_blocks` and `dense_blocks` may also be
+    the node's text ("auto", "0,-1")."""
+    if isinstance(sink_blocks, str):
+        sink_blocks = parse_sink_blocks(sink_blocks)
+    elif sink_blocks is not None:
+        sink_blocks = _integer("sink_blocks", sink_blocks, "\"auto\" (None) or an integer >= 0")
+        if sink_blocks < 0:
+            raise ValueError(f"sink_blocks must be \"auto\" (None) or an integer >= 0, got {sink_blocks}")
+    if isinstance(dense_blocks, str):
+        dense_blocks = parse_dense_blocks(dense_blocks)
+    else:
+        try:
+            items = list(dense_blocks)
+        except TypeError:
+            raise ValueError(f"dense_blocks must be block indices like (0, -1) or text like \"0,-1\", got "
+                             f"{dense_blocks!r}") from None
+        dense_blocks = tuple(_integer("dense_blocks", b, "block indices like (0, -1)") for b in items)
+    if not isinstance(cov_bias, bool):
+        raise ValueError(f"cov_bias must be True or False, got {cov_bias!r}")
+    k = Knobs(variant=_choice("variant", variant, VARIANTS),
+              density=_real("density", density, "a number in (0, 1] (the exact fraction of key blocks)"),
+              band=_integer("band", band, "an integer >= 0"), sink_blocks=sink_blocks,
+              dense_steps=_integer("dense_steps", dense_steps, "-1 (auto), 0 or a number of steps"),
+              start_percent=_real("start_percent", start_percent, "a number in 0..1"),
+              end_percent=_real("end_percent", end_percent, "a number in 0..1"), dense_blocks=dense_blocks,
+              reorder=_choice("reorder", reorder, REORDERS), cov_bias=cov_bias,
+              min_tokens=_integer("min_tokens", min_tokens, "an integer >= 0"),
+              backend=_choice("backend", backend, BACKENDS))
+    validate_knobs(k)
+    return k
+
+
+def input_error(**values) -> str | None:
+    """The node's validate_inputs: the message for the first invalid input among `values` (UI units; a linked
+    input arrives as None and is skipped), else None."""
+    try:
+        knobs_from(**{name: v for name, v in values.items() if v is not None})
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def validate_knobs(k: Knobs) -> None:
@@ -152,15 +240,22 @@ def validate_knobs(k: Knobs) -> None:
     if k.variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {k.variant!r}")
     if not (0.0 < k.density <= 1.0):
-        raise ValueError(f"density must be in (0, 1], got {k.density}")
+        raise ValueError(f"density must be in (0, 1] (the exact fraction of key blocks), got {k.density}")
     if k.band < 0:
         raise ValueError(f"band must be >= 0, got {k.band}")
+    if k.sink_blocks is not None and k.sink_blocks < 0:
+        raise ValueError(f"sink_blocks must be \"auto\" (None) or an integer >= 0, got {k.sink_blocks}")
+    if k.dense_steps < -1:
+        raise ValueError(f"dense_steps must be -1 (auto), 0 or a number of steps, got {k.dense_steps}")
     if k.reorder not in REORDERS:
         raise ValueError(f"reorder must be one of {REORDERS}, got {k.reorder!r}")
     if k.backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {k.backend!r}")
-    if not (0.0 <= k.start_percent <= k.end_percent <= 1.0):
-        raise ValueError(f"need 0 <= start_percent <= end_percent <= 1, got {k.start_percent}, {k.end_percent}")
+    for name in ("start_percent", "end_percent"):
+        if not 0.0 <= getattr(k, name) <= 1.0:
+            raise ValueError(f"{name} must be within 0..1, got {getattr(k, name)}")
+    if k.start_percent > k.end_percent:
+        raise ValueError(f"start_percent ({k.start_percent}) must not be after end_percent ({k.end_percent})")
     if k.min_tokens < 0:
         raise ValueError(f"min_tokens must be >= 0, got {k.min_tokens}")
 
@@ -182,6 +277,7 @@ class Call:
     sigma: float | None
     sigma_window: tuple[float, float] | None = None  # (start_sigma, end_sigma) resolved for this run
     forward_reason: str | None = None  # set when the whole forward is inert (e.g. unknown layout)
+    side_stream: str | None = None  # a SIDE_STREAMS key: a self-attention call outside the joint layout
     training: bool = False  # autograd is on (e.g. ComfyUI's Train LoRA): judge the sample's sigma, no schedule
     dense_sigma: float | None = None  # training: samples with sigma above this stay dense (training_dense_fraction)
 
@@ -194,6 +290,8 @@ def call_reason(k: Knobs, c: Call) -> str | None:
         return "cross-attention"
     if c.has_mask:
         return "attention mask present"
+    if c.side_stream is not None:
+        return SIDE_STREAMS.get(c.side_stream, f"{c.side_stream} self-attention")
     if c.forward_reason is not None:
         return c.forward_reason
     if c.head_dim not in SUPPORTED_HEAD_DIMS:
@@ -231,9 +329,15 @@ def call_reason(k: Knobs, c: Call) -> str | None:
     return None
 
 
+# self-attention calls of a forward outside its joint text+latent layout, kept dense as part of the design
+SIDE_STREAMS = {
+    "text": "text-only self-attention (a text refiner layer)",
+    "image": "image-only self-attention (a refiner layer before the joint blocks)",
+    "audio": "audio self-attention (LTX-2's audio stream)",
+}
 # reasons that are part of normal operation: logged at debug level, not announced
 ROUTINE_REASONS = ("cross-attention", "dense step", "dense block", "outside start_percent..end_percent",
-                   "dense noise level (training)")
+                   "dense noise level (training)", *SIDE_STREAMS.values())
 
 
 def is_routine(reason: str) -> bool:
@@ -256,3 +360,36 @@ class Tally:
     def summary(self) -> str:
         parts = [f"{self.sparse} sparse"] + [f"{n} dense ({r})" for r, n in sorted(self.dense.items())]
         return ", ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------------
+# break-even: below a measured size the sparse operator is slower than dense attention on that GPU
+
+def breakeven_reason(table: dict | None, gpu: str | None, q_len: int, density: float) -> str | None:
+    """Why a call of q_len tokens stays dense on `gpu` because the sparse path measured slower than dense
+    attention there, or None. `table` is nodes/breakeven_<gpu>.json: {"gpu": name, "rows": [[T, density,
+    sparse_ms, dense_ms], ...]} from bench/pieces.py --breakeven. The ratio sparse/dense is interpolated in
+    log T between the measured sizes of the nearest measured density at or above the call's (conservative);
+    outside the measured sizes the nearest one counts. A GPU without a table: no rule (None)."""
+    if not table or not gpu or table.get("gpu") != gpu:
+        return None
+    rows = [r for r in table.get("rows", []) if len(r) == 4 and r[2] > 0 and r[3] > 0]
+    if not rows:
+        return None
+    dens = sorted({float(r[1]) for r in rows})
+    d = next((x for x in dens if x >= density - 1e-9), dens[-1])
+    pts = sorted((int(r[0]), r[2] / r[3]) for r in rows if float(r[1]) == d)
+    if q_len <= pts[0][0]:
+        ratio = pts[0][1]
+    elif q_len >= pts[-1][0]:
+        ratio = pts[-1][1]
+    else:
+        for (t0, r0), (t1, r1) in zip(pts, pts[1:]):
+            if t0 <= q_len <= t1:
+                f = (math.log(q_len) - math.log(t0)) / max(1e-12, math.log(t1) - math.log(t0))
+                ratio = r0 + f * (r1 - r0)
+                break
+    if ratio < 1.0:
+        return None
+    return (f"{q_len} tokens at density {density:g}: the sparse operator measured {ratio:.2f}x the time of dense "
+            f"attention at this size on the {gpu} (break-even table), so dense is faster")

@@ -47,10 +47,12 @@ def in_recompute() -> bool:
     return fn is not None and fn() != -1
 
 
-def model_blocks(family: str, diffusion_model) -> list:
-    if family == "flux":
-        return list(diffusion_model.double_blocks) + list(diffusion_model.single_blocks)
-    return list(getattr(diffusion_model, "blocks", []))
+def is_checkpoint_stop(e: BaseException) -> bool:
+    """torch.utils.checkpoint stops a recompute once it has every tensor it needs by raising this (private)
+    exception from inside whatever op runs then: it must pass through the override, never become dense."""
+    ckpt = sys.modules.get("torch.utils.checkpoint")
+    stop = getattr(ckpt, "_StopRecomputationError", None)
+    return stop is not None and isinstance(e, stop)
 
 
 def register_blocks(uid: str, family: str, diffusion_model) -> None:
@@ -61,7 +63,9 @@ def register_blocks(uid: str, family: str, diffusion_model) -> None:
         return
     ids: dict[int, int] = {}
     codes = set()
-    for i, blk in enumerate(model_blocks(family, diffusion_model)):
+    from .models import block_modules
+
+    for i, blk in enumerate(block_modules(family, diffusion_model)):
         for m in blk.modules():
             ids[id(m)] = i
             code = getattr(getattr(type(m), "forward", None), "__code__", None)

@@ -72,9 +72,21 @@ FLUX_TINY = dict(in_channels=16, out_channels=16, vec_in_dim=768, context_in_dim
                  qkv_bias=True, guidance_embed=True)
 
 
+def flux_config(**overrides) -> dict:
+    """FLUX_TINY for this ComfyUI: 0.33's FluxParams requires txt_ids_dims (model detection sets [] for FLUX.1)."""
+    import dataclasses
+
+    from comfy.ldm.flux.model import FluxParams
+
+    cfg = dict(FLUX_TINY, **overrides)
+    if "txt_ids_dims" in {f.name for f in dataclasses.fields(FluxParams)}:
+        cfg.setdefault("txt_ids_dims", [])
+    return cfg
+
+
 def tiny_flux(**overrides):
     import comfy.ops
     from comfy.ldm.flux.model import Flux
 
-    cfg = dict(FLUX_TINY, **overrides)
+    cfg = flux_config(**overrides)
     return init_weights(Flux(operations=comfy.ops.disable_weight_init, **cfg).float())

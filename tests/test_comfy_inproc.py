@@ -12,12 +12,14 @@ import pytest
 from comfy_server import skip_without_comfyui
 
 pytestmark = pytest.mark.comfy
+COMFY_VERSIONED = True  # every test runs against each ComfyUI version (tests/conftest.py)
+COMFY_INPROC = True
 
 skip_without_comfyui()
 
 import torch  # noqa: E402
 
-from comfy_inproc import FLUX_TINY, WAN_TINY, import_comfy, init_weights, load_pack  # noqa: E402
+from comfy_inproc import WAN_TINY, flux_config, import_comfy, init_weights, load_pack  # noqa: E402
 
 import_comfy()
 load_pack()
@@ -32,7 +34,7 @@ TXT = 64  # text tokens of the test conditioning
 
 def _patcher(family: str):
     if family == "flux":
-        mc = comfy.supported_models.Flux(dict(FLUX_TINY, image_model="flux"))
+        mc = comfy.supported_models.Flux(dict(flux_config(), image_model="flux"))
     elif family == "wan_i2v":
         mc = comfy.supported_models.WAN21_I2V(dict(WAN_TINY, image_model="wan2.1", model_type="i2v", in_dim=36))
     else:

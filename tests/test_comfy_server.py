@@ -16,6 +16,7 @@ import pytest
 from comfy_server import PACK_DIR_NAME, comfy_server, http_json, post_json, skip_without_comfyui, wait_history
 
 pytestmark = pytest.mark.comfy
+COMFY_VERSIONED = True  # every test runs against each ComfyUI version's server (tests/conftest.py)
 
 skip_without_comfyui()
 
@@ -33,9 +34,12 @@ ADVANCED = {"cov_bias", "min_tokens", "backend"}
 # model files named in the shipped workflows: empty placeholders make them valid combo values
 PLACEHOLDERS = {
     "diffusion_models": ["wan2.1_t2v_1.3B_fp16.safetensors", "wan2.1_t2v_14B_fp16.safetensors",
-                         "flux1-dev.safetensors"],
-    "text_encoders": ["umt5_xxl_fp8_e4m3fn_scaled.safetensors", "clip_l.safetensors", "t5xxl_fp16.safetensors"],
-    "vae": ["wan_2.1_vae.safetensors", "ae.safetensors"],
+                         "flux1-dev.safetensors", "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors",
+                         "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors", "wan2.2_ti2v_5B_fp16.safetensors",
+                         "qwen_image_fp8_e4m3fn.safetensors"],
+    "text_encoders": ["umt5_xxl_fp8_e4m3fn_scaled.safetensors", "clip_l.safetensors", "t5xxl_fp16.safetensors",
+                      "qwen_2.5_vl_7b_fp8_scaled.safetensors"],
+    "vae": ["wan_2.1_vae.safetensors", "ae.safetensors", "wan2.2_vae.safetensors", "qwen_image_vae.safetensors"],
 }
 
 TEST_NODES = '''
@@ -57,7 +61,7 @@ NODE_CLASS_MAPPINGS = {"PSATestZeroConditioning": PSATestZeroConditioning}
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, comfy_version):
     tmp = tmp_path_factory.mktemp("comfy_models")
     dirs = {}
     for folder, names in PLACEHOLDERS.items():
@@ -76,8 +80,8 @@ def server(tmp_path_factory):
     t0 = time.monotonic()
     with comfy_server({"psa_test_nodes.py": TEST_NODES}, diffusion_models=dirs["diffusion_models"],
                       model_dirs={"text_encoders": dirs["text_encoders"], "vae": dirs["vae"]},
-                      env={"PSA_DECISION_LOG": str(decision_log)}) as base:
-        print(f"ComfyUI up in {time.monotonic() - t0:.1f} s at {base}")
+                      env={"PSA_DECISION_LOG": str(decision_log)}, install=comfy_version) as base:
+        print(f"ComfyUI {comfy_version.version} up in {time.monotonic() - t0:.1f} s at {base}")
         write_tiny_clip(base.tmp / "input" / TRAIN_CLIP)  # the clip the shipped training workflow loads
         yield base, decision_log
 

@@ -64,12 +64,29 @@ def test_step_of_maps_sigmas_and_in_between_evaluations():
     assert policy.step_of(0.5, None) is None and policy.step_of(0.5, [1.0]) is None
 
 
+def _mro(*pairs):
+    return [tuple(p.split(":")) for p in pairs] + [("torch.nn.modules.module", "Module"), ("builtins", "object")]
+
+
+def test_model_family_is_found_anywhere_in_the_class_hierarchy():
+    assert policy.model_family(_mro("comfy.ldm.wan.model:WanModel"), "WAN21 (WanModel)") == ("wan", None)
+    # Wan2.2 TI2V 5B is WAN22 around the same WanModel; VACE is a subclass of it
+    assert policy.model_family(_mro("comfy.ldm.wan.model:WanModel"), "WAN22 (WanModel)") == ("wan", None)
+    assert policy.model_family(_mro("comfy.ldm.wan.model:VaceWanModel", "comfy.ldm.wan.model:WanModel"))[0] == "wan"
+    assert policy.model_family(_mro("comfy.ldm.flux.model:Flux"), "Flux2 (Flux)") == ("flux", None)
+    assert policy.model_family(_mro("comfy.ldm.lightricks.av_model:LTXAVModel", "comfy.ldm.lightricks.model:LTXVModel",
+                                    "comfy.ldm.lightricks.model:LTXBaseModel"))[0] == "ltxv"
+    # a class of the same name from another module is not ours
+    assert policy.model_family(_mro("someone.else:WanModel"))[0] is None
+
+
 def test_model_family_names_the_class_of_unsupported_models():
-    assert policy.model_family("WAN21", "WanModel") == ("wan", None)
-    assert policy.model_family("Flux", "Flux") == ("flux", None)
-    fam, reason = policy.model_family("SDXL", "UNetModel")
-    assert fam is None and "SDXL" in reason and "UNetModel" in reason
-    assert policy.model_family("WAN22", "WanModel")[0] is None  # Wan2.2 5B: other layout, not claimed
+    fam, reason = policy.model_family(_mro("comfy.ldm.modules.diffusionmodules.openaimodel:UNetModel"),
+                                      "SDXL (UNetModel)")
+    assert fam is None and "SDXL (UNetModel)" in reason and "dense" in reason
+    fam, reason = policy.model_family(_mro("comfy.ldm.wan.ar_model:CausalWanModel", "comfy.ldm.wan.model:WanModel"),
+                                      "WAN21_CausalAR (CausalWanModel)")
+    assert fam is None and "KV cache" in reason
 
 
 def _call(**kw):
@@ -130,3 +147,22 @@ def test_tally_summary():
     for r in (None, None, "dense step", "cross-attention", "dense step"):
         t.add(r)
     assert t.summary() == "2 sparse, 1 dense (cross-attention), 2 dense (dense step)"
+
+
+def test_breakeven_table_keeps_sizes_where_sparse_measured_slower_dense():
+    from nodes.policy import breakeven_reason
+    table = {"gpu": "NVIDIA H200", "rows": [[4608, 0.2, 0.45, 0.42], [16896, 0.2, 1.1, 3.9],
+                                            [4608, 0.125, 0.40, 0.42], [16896, 0.125, 0.9, 3.9]]}
+    # measured slower at 4608 for density 0.2 -> dense, with a reason naming the GPU and the ratio
+    why = breakeven_reason(table, "NVIDIA H200", 4608, 0.2)
+    assert why is not None and "NVIDIA H200" in why and "1.07x" in why
+    # faster at 16896, and interpolated in log T in between (the ratio crosses 1 just above 4608)
+    assert breakeven_reason(table, "NVIDIA H200", 16896, 0.2) is None
+    assert breakeven_reason(table, "NVIDIA H200", 9000, 0.2) is None
+    # the nearest measured density at or above the call's: 0.15 uses the 0.2 rows (conservative)
+    assert breakeven_reason(table, "NVIDIA H200", 4608, 0.15) is not None
+    assert breakeven_reason(table, "NVIDIA H200", 4608, 0.125) is None
+    # below the smallest measured size the smallest one counts; another GPU or no table: no rule
+    assert breakeven_reason(table, "NVIDIA H200", 1000, 0.2) is not None
+    assert breakeven_reason(table, "NVIDIA A100", 4608, 0.2) is None
+    assert breakeven_reason(None, "NVIDIA H200", 4608, 0.2) is None

@@ -124,17 +124,21 @@ def _():
         # the bytes block_stats + route allocate for these heads against the estimate the chunking uses
         st = stats.block_stats(q, k, v, cfg)
         idx, vbias = stats.route(st, cfg, q.dtype)
-        held = [x for x in (st.kbar, st.qbar, st.q2, st.ksig2, st.kbar_lp, st.vmean_lp, st.hbar, st.hbar_lp,
-                            st.hnorm, idx, vbias) if x is not None]
+        held = [x for x in (st.kbar, st.qbar, st.q2, st.ksig2, st.kbar_lp, st.vmean_lp, st.hpart, st.hbar,
+                            st.hbar_lp, st.hbar_scale, st.hnorm, idx, vbias) if x is not None]
         actual = sum(x.numel() * x.element_size() for x in held)
-        est = 2 * 3 * kt.scratch_bytes_per_head(200, 64, cfg, 2, idx.shape[-1])
+        est = 2 * 3 * kt.scratch_bytes_per_head(200, 64, cfg, 2, idx.shape[-1], bh=2 * 3, device=q.device)
         out[var] = {"max_abs_diff": (whole.float() - chunked.float()).abs().max().item(),
                     "rel": rel(chunked, whole),
                     "scratch_actual": actual, "scratch_estimate": est}
-    # Wan2.1-14B 480p, bf16: heads spread evenly over the fewest chunks under the 64 MiB floor
-    out["wan14b_pwt_hc"] = kt._heads_per_chunk(1, 40, 32760, 128, cfg_of(128, 0.125, "pwt"), 2, 67, 0.10)
-    out["wan14b_drop_hc"] = kt._heads_per_chunk(1, 40, 32760, 128, cfg_of(128, 0.125, "drop"), 2, 67, 0.10)
-    out["hc_41_heads"] = kt._heads_per_chunk(1, 41, 32760, 128, cfg_of(128, 0.125, "pwt"), 2, 67, 0.10)
+    # Wan2.1-14B 480p / 720p, bf16, the default budget (half of q's bytes): one pass; a tighter budget spreads
+    # the heads evenly over the fewest chunks
+    frac = kt._scratch_fraction()
+    out["default_fraction"] = frac
+    out["wan14b_pwt_hc"] = kt._heads_per_chunk(1, 40, 32760, 128, cfg_of(128, 0.125, "pwt"), 2, 67, frac)
+    out["wan14b_720p_pwt_hc"] = kt._heads_per_chunk(1, 40, 75600, 128, cfg_of(128, 0.125, "pwt"), 2, 151, frac)
+    out["wan14b_drop_hc"] = kt._heads_per_chunk(1, 40, 32760, 128, cfg_of(128, 0.125, "drop"), 2, 67, frac)
+    out["hc_41_heads_tight"] = kt._heads_per_chunk(1, 41, 32760, 128, cfg_of(128, 0.125, "pwt"), 2, 67, 0.10)
     return out
 
 
@@ -162,8 +166,10 @@ def _():
              "exact_equal_lead": bool(torch.equal(vbias == float("-inf"), lead.exact)),
              "w_maxdiff": float((vbias.masked_fill(lead.exact, 0) - lead.w.masked_fill(lead.exact, 0)).abs().max()),
              "kbar": float((st.kbar - ref_st.kbar).abs().max()), "qbar": float((st.qbar - ref_st.qbar).abs().max()),
-             "vmean": float((st.vmean_lp - ref_st.vsum / ref_st.counts[:, None]).abs().max()),
-             "hbar_rel": rel(st.hbar, ref_st.hbar) if st.hbar is not None else 0.0}
+             "hbar_rel": rel(st.hbar, ref_st.hbar) if st.hbar is not None else 0.0,
+             "drop_skips_values": var != "drop" or (st.vmean_lp is None and st.hpart is None)}
+        if st.vmean_lp is not None:
+            d["vmean"] = float((st.vmean_lp - ref_st.vsum / ref_st.counts[:, None]).abs().max())
         if var == "pwt":
             d["ksig2"] = float((st.ksig2 - ref_st.ksig2).abs().max())
             d["q2"] = float((st.q2 - ref_st.q2).abs().max())
@@ -172,6 +178,32 @@ def _():
         out[var] = d
         del n
     return out
+
+
+@case("routing_ties_keep_the_lowest_block_ids")
+def _():
+    # every key block the same: all scores of a row tie, so the budget beyond the forced band is filled by
+    # the lowest block ids (the select kernel's tie path; without ties it skips the ranking)
+    T, D = 64 * 40, 64
+    q = rnd(1, 1, T, D, seed=130)
+    kb = rnd(1, 1, 64, D, seed=131)
+    k = kb.repeat(1, 1, 40, 1)
+    v = rnd(1, 1, T, D, seed=132)
+    cfg = cfg_of(D, 0.25, "pisa", band=1)
+    st = stats.block_stats(q, k, v, cfg)
+    idx, vbias = stats.route(st, cfg, q.dtype)
+    n, kk = 40, cfg.budget(40)
+    ok_size, ok_forced, ok_lowest = True, True, True
+    for i in range(n):
+        row = [int(x) for x in idx[0, 0, i] if x >= 0]
+        forced = [j for j in range(n) if abs(i - j) <= 1]
+        ok_size &= len(row) == max(kk, len(forced)) and row == sorted(row)
+        ok_forced &= all(j in row for j in forced)
+        rest = [j for j in range(n) if j not in forced][:len(row) - len(forced)]
+        ok_lowest &= sorted(forced + rest) == row
+    exact_ok = bool(torch.equal(vbias[0, 0] == float("-inf"),
+                                torch.zeros(n, n, dtype=torch.bool).scatter_(1, idx[0, 0].clamp(min=0).long(), True)))
+    return {"size": ok_size, "forced": ok_forced, "lowest": ok_lowest, "bias_marks_exact": exact_ok}
 
 
 @case("morton_gather_scatter_and_fused_reorder")

@@ -285,26 +285,40 @@ class PiecewiseSparseFwdSm90:
                     kk_tail = c + 31 - cutlass.Int32(cute.arch.clz(tb))
             if rem >= BS:
                 kk_tail = cutlass.Int32(-1)
-            if n_valid > 0:
-                # software pipeline (FlashAttention-3 style, within the warpgroup): while P_{n-1} V_{n-1}
-                # runs on the tensor cores, the softmax of S_n = Q K_n^T runs on the other units
+            # one software-pipelined loop over every tile: the n_valid exact K/V tile pairs, then (pisa/pwt)
+            # the n_vt virtual ones (k-bar against Q, P against the value means), in the producer's order.
+            # While P_{u-1} V_{u-1} runs on the tensor cores, the softmax of S_u = Q K_u^T runs on the other units
+            # (FlashAttention-3 style, within the warpgroup); a virtual tile's bias row and token counts are
+            # loaded before its S GEMM is waited for.
+            n_tiles = n_valid
+            n_last = cutlass.Float32(rem)
+            cnt = cute.make_rmem_tensor(s_shape, cutlass.Float32)
+            bias = cute.make_rmem_tensor(s_shape, cutlass.Float32)
+            if cutlass.const_expr(self.approx):
+                n_tiles = n_valid + n_vt
+            if n_tiles > 0:
+                if cutlass.const_expr(self.approx):
+                    if n_valid == 0:
+                        self._load_bias(bias, cnt, mVB, tScS, i_b, i_h, i_q, 0, n_kv, n_last)
                 kh0 = kv_cons.wait_and_advance()
                 self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, kh0.index)])
                 warpgroup.wait_group(0)
                 kh0.release()
-                self._mask_tail(acc_s, tScS, kk_tail == 0, rem)
-                self._online_softmax(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, False, None, alpha, True)
+                self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
+                                   n_valid == 0, kk_tail == 0, rem, True)
                 self._to_p(acc_s, tOrP)
-                for kk in cutlass.range(1, n_valid, unroll=1):
-                    vh = kv_cons.wait_and_advance()  # V_{n-1}
-                    kh = kv_cons.wait_and_advance()  # K_n
+                for u in cutlass.range(1, n_tiles, unroll=1):
+                    if cutlass.const_expr(self.approx):
+                        if u >= n_valid:
+                            self._load_bias(bias, cnt, mVB, tScS, i_b, i_h, i_q, u - n_valid, n_kv, n_last)
+                    vh = kv_cons.wait_and_advance()  # V_{u-1} (or the value means of a virtual tile)
+                    kh = kv_cons.wait_and_advance()  # K_u (or the k-bar tile)
                     self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, kh.index)])
                     self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, vh.index)])
-                    warpgroup.wait_group(1)  # S_n ready; P_{n-1} V_{n-1} may still run
+                    warpgroup.wait_group(1)  # S_u ready; P_{u-1} V_{u-1} may still run
                     kh.release()
-                    self._mask_tail(acc_s, tScS, kk_tail == kk, rem)
-                    self._online_softmax(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, False, None, alpha,
-                                         False)
+                    self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
+                                       u >= n_valid, kk_tail == u, rem, False)
                     warpgroup.wait_group(0)
                     vh.release()
                     self._rescale_o(acc_o, alpha)
@@ -315,35 +329,6 @@ class PiecewiseSparseFwdSm90:
                 vhl.release()
             if cutlass.const_expr(self.approx):
                 if n_vt > 0:
-                    n_last = cutlass.Float32(rem)
-                    cnt = cute.make_rmem_tensor(s_shape, cutlass.Float32)
-                    bias = cute.make_rmem_tensor(s_shape, cutlass.Float32)
-                    for t in cutlass.range(n_vt, unroll=1):
-                        # bias row and token counts first: their loads overlap the S GEMM
-                        for e in cutlass.range_constexpr(cute.size(acc_s)):
-                            jj = t * BS + tScS[e][1]
-                            b = -cutlass.Float32.inf
-                            c = cutlass.Float32(BS)
-                            if jj < n_kv:
-                                b = mVB[i_b, i_h, i_q, jj].to(cutlass.Float32) * LOG2E
-                                if jj == n_kv - 1:
-                                    c = n_last
-                            bias[e] = b
-                            cnt[e] = c
-                        kh2 = kv_cons.wait_and_advance()
-                        self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, kh2.index)])
-                        warpgroup.wait_group(0)
-                        kh2.release()
-                        for e in cutlass.range_constexpr(cute.size(acc_s)):
-                            # logits in log2 units (scale folded in), bias added
-                            acc_s[e] = acc_s[e] * scale_log2 + bias[e]
-                        self._online_softmax(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, True, cnt, alpha,
-                                             True)
-                        self._to_p(acc_s, tOrP)
-                        vh2 = kv_cons.wait_and_advance()
-                        self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, vh2.index)])
-                        warpgroup.wait_group(0)
-                        vh2.release()
                     # first-order term: acc += s (q H-bar) * g, g = sum_U e(s-hat) (per row, all threads)
                     qh_thr = qh_mma.get_slice(ctid)
                     tHrQ = qh_thr.make_fragment_A(qh_thr.partition_A(sQ))[(None, None, None, qh.index)]
@@ -399,6 +384,39 @@ class PiecewiseSparseFwdSm90:
         for kb in cutlass.range_constexpr(cute.size(a, mode=[2])):
             cute.gemm(mma, acc, a[(None, None, kb)], b[(None, None, kb)], acc)
         warpgroup.commit_group()
+
+    @cute.jit
+    def _load_bias(self, bias, cnt, mVB, tScS, i_b, i_h, i_q, t, n_kv, n_last):
+        """Bias row (log2 units; -inf for an exact block or past the end) and real token counts of virtual
+        tile t (KV blocks t*64 .. t*64+63), per accumulator element of S."""
+        for e in cutlass.range_constexpr(cute.size(bias)):
+            jj = t * BS + tScS[e][1]
+            b = -cutlass.Float32.inf
+            c = cutlass.Float32(BS)
+            if jj < n_kv:
+                b = mVB[i_b, i_h, i_q, jj].to(cutlass.Float32) * LOG2E
+                if jj == n_kv - 1:
+                    c = n_last
+            bias[e] = b
+            cnt[e] = c
+
+    @cute.jit
+    def _softmax_tile(self, acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, is_virtual,
+                      is_tail, rem, rescale_o: cutlass.Constexpr):
+        """The online softmax of one tile: an exact tile (partial last block masked) or, for pisa/pwt, a
+        virtual one (logits scaled into log2 units, bias added, P weighted by the token counts)."""
+        if cutlass.const_expr(self.approx):
+            if is_virtual:
+                for e in cutlass.range_constexpr(cute.size(acc_s)):
+                    acc_s[e] = acc_s[e] * scale_log2 + bias[e]
+                self._online_softmax(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, True, cnt, alpha, rescale_o)
+            else:
+                self._mask_tail(acc_s, tScS, is_tail, rem)
+                self._online_softmax(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, False, None, alpha,
+                                     rescale_o)
+        else:
+            self._mask_tail(acc_s, tScS, is_tail, rem)
+            self._online_softmax(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, False, None, alpha, rescale_o)
 
     @cute.jit
     def _mask_tail(self, acc_s, tScS, is_tail, rem):

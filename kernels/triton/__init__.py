@@ -6,7 +6,8 @@ implementation (no graph break under torch.compile) -> `forward(q, k, v, cfg)` f
 
 Nothing here recompiles per shape: T, N, K (so density) are runtime arguments; the compile/autotune key is
 (dtype, head_dim, variant family, fused reorder or not). Scratch (statistics, routing, bias rows) is kept
-under `PSA_TRITON_SCRATCH` x the bytes of q (default 0.10) by processing the heads in chunks.
+under `PSA_TRITON_SCRATCH` x the bytes of q (default 0.5) by processing the heads in chunks; the routing's
+float32 scores take at most score_budget() more.
 """
 from __future__ import annotations
 
@@ -80,39 +81,57 @@ def unavailable_reason(q, cfg) -> str | None:
 
 def _scratch_fraction() -> float:
     try:
-        return float(os.environ.get("PSA_TRITON_SCRATCH", "0.10"))
+        return float(os.environ.get("PSA_TRITON_SCRATCH", "0.5"))
     except ValueError:
-        return 0.10
+        return 0.5
 
 
-def _heads_per_chunk(B, H, T, D, cfg, elem_bytes, K, frac) -> int:
-    """Heads per chunk so that statistics + routing scratch stays under max(frac x bytes(q), 64 MiB); the
-    floor keeps small problems in one chunk, where launch overhead, not memory, is what a chunk costs.
+def score_budget(q_bytes: int) -> int:
+    """Bytes the routing's float32 scores may take at once (route() works through the heads in sub-chunks
+    that fit): a tenth of q's bytes, between 64 MiB (Wan2.1-14B 480p: all 40 heads' 42 MB in one launch)
+    and 256 MiB."""
+    return int(max(64 * 2**20, min(256 * 2**20, 0.1 * q_bytes)))
 
-    The per-head bytes are what block_stats and route allocate (scratch_bytes_per_head); the heads are then
-    spread evenly over the fewest chunks (no small last chunk: each chunk is one launch of every kernel)."""
-    per_head = B * scratch_bytes_per_head(T, D, cfg, elem_bytes, K)
-    budget = max(frac * B * H * T * D * elem_bytes, 64 * 2**20)
-    hc = max(1, min(H, int(budget // max(1, per_head))))
+
+def _heads_per_chunk(B, H, T, D, cfg, elem_bytes, K, frac, device=None) -> int:
+    """Heads per chunk so that the statistics + routing outputs (and the routing's score sub-chunk) stay
+    under max(frac x bytes(q), 64 MiB); the floor keeps small problems in one chunk, where launch overhead,
+    not memory, is what a chunk costs. The bytes are what block_stats and route allocate
+    (scratch_bytes_per_head); the heads are then spread evenly over the fewest chunks (each chunk is one
+    launch of every kernel)."""
+    q_bytes = B * H * T * D * elem_bytes
+    budget = max(frac * q_bytes, 64 * 2**20) - min(score_budget(q_bytes), B * H * _stats_route_score(T, cfg))
+    hc = H
+    while hc > 1 and B * hc * scratch_bytes_per_head(T, D, cfg, elem_bytes, K, B * hc, device) > budget:
+        hc = max(1, min(hc - 1, int(hc * budget // max(1, B * hc * scratch_bytes_per_head(
+            T, D, cfg, elem_bytes, K, B * hc, device)))))
     n_chunks = -(-H // hc)
     return -(-H // n_chunks)
 
 
-def scratch_bytes_per_head(T, D, cfg, elem_bytes, K) -> int:
-    """Bytes of statistics and routing one (batch, head) needs: float32 k-bar / q-bar (+ q^2, k-sigma^2 for
-    pwt), the low-precision k-bar / value means, H-bar (float32 + low precision; pisa, pwt or cov_bias), the
-    cov_bias norms; then the routing: in the Triton kernel only its outputs (the [N, K] int32 list and the
-    [N, N] bias rows, scores stay in registers); on the torch path (N above the kernel's limit) also its
-    float32 score (+ w and the gate for pwt) and the top-k / sort temporaries."""
+def _stats_route_score(T, cfg) -> int:
+    n = -(-T // cfg.block_size)
+    return _stats.kernel_scratch_bytes(n) if _stats.route_in_kernel(n) else 0
+
+
+def scratch_bytes_per_head(T, D, cfg, elem_bytes, K, bh=1, device=None) -> int:
+    """Bytes of statistics and routing outputs one (batch, head) holds through the attention: float32
+    k-bar / q-bar (+ q^2, k-sigma^2 for pwt), the low-precision k-bar / value means (pisa / pwt), the
+    statistics' H partials (float32 [P, D, D], P programs per head for `bh` (batch, head) pairs in the
+    launch) and H-bar (float32 + low precision, + its float16 scale), the cov_bias norms; the routing's [N, K] int32 list and
+    [N, N] bias rows. On the torch path (N above the kernels' limit) also its float32 score (+ w and the
+    gate for pwt) and the top-k / sort temporaries. The routing kernels' own float32 scores are counted
+    apart (_heads_per_chunk: at most score_budget)."""
     n = -(-T // cfg.block_size)
     pwt = cfg.variant == "pwt"
     need_h = cfg.variant in ("pisa", "pwt") or cfg.cov_bias
-    stats = (n * D * (8 + 2 * elem_bytes + (8 if pwt else 0)) + (D * D * (4 + elem_bytes) if need_h else 0)
-             + (4 * n if cfg.cov_bias else 0))
+    need_v = cfg.variant in ("pisa", "pwt") or need_h
+    npart = -(-n // _stats.blocks_per_program(n, bh, device)) if need_h else 0
+    stats = (n * D * (8 + (8 if pwt else 0) + (2 * elem_bytes if need_v else 0))
+             + (D * D * (4 * npart + 4 + elem_bytes) + 4 if need_h else 0) + (4 * n if cfg.cov_bias else 0))
     bias_bytes = 2 if elem_bytes == 2 else 4
-    if _stats.route_in_kernel(n):
-        routing = n * n * bias_bytes + n * K * 4
-    else:
+    routing = n * n * bias_bytes + n * K * 4
+    if not _stats.route_in_kernel(n):
         routing = n * n * (4 + bias_bytes + (5 if pwt else 0)) + n * K * 36
     return stats + routing
 
@@ -148,17 +167,19 @@ def _forward_impl(q, k, v, cfg: SparseConfig, *, routing=None, perm=None, n_pref
     fperm = _full_perm(perm, n_prefix, T, q.device) if perm is not None else None
     k_est = routing.idx.shape[-1] if routing is not None else cfg.budget(n) + 2 * cfg.band + 1 + cfg.n_sink_blocks
     frac = _scratch_fraction() if scratch is None else scratch
-    hc = H if frac <= 0 else _heads_per_chunk(B, H, T, D, cfg, q.element_size(), min(n, k_est), frac)
+    hc = H if frac <= 0 else _heads_per_chunk(B, H, T, D, cfg, q.element_size(), min(n, k_est), frac, q.device)
+    score_bytes = score_budget(q.numel() * q.element_size())
     for h0 in range(0, H, hc):
         h1 = min(H, h0 + hc)
         qc, kc, vc, oc = q[:, h0:h1], k[:, h0:h1], v[:, h0:h1], out[:, h0:h1]
         if routing is None:
             st = _stats.block_stats(qc, kc, vc, cfg, perm=fperm)
-            idx, vbias = _stats.route(st, cfg, q.dtype)
+            idx, vbias = _stats.route(st, cfg, q.dtype, score_bytes=score_bytes)
         else:
             approx = cfg.variant in ("pisa", "pwt")
             st = _stats.block_stats(qc, kc, vc, cfg, perm=fperm, need_pwt=False, need_h=approx,
                                     need_hnorm=False)
+            _stats.finalize_hbar(st, n, q.dtype)
             idx = routing.idx[:, h0:h1].to(device=q.device, dtype=torch.int32).contiguous()
             vbias = None
             if approx:

@@ -48,12 +48,13 @@ def _configs(tma: bool = False):
 
 @triton.jit
 def _psa_fwd_kernel(
-    Q, K, V, O, KBAR, VMEAN, HBAR, VBIAS, IDX, PERM, KD, VD, LSE,
+    Q, K, V, O, KBAR, VMEAN, HBAR, HSCALE, VBIAS, IDX, PERM, KD, VD, LSE,
     sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t, so_b, so_h, so_t,
     svb_bh, svb_i,
-    HC, T, N, NSEL, N_VIRT, qk_scale, scale,
+    HC, T, N, NSEL, N_VIRT, qk_scale, scale, out_max,
     D: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
-    APPROX: tl.constexpr, HAS_PERM: tl.constexpr, USE_TMA: tl.constexpr, STORE_LSE: tl.constexpr = False,
+    APPROX: tl.constexpr, HAS_PERM: tl.constexpr, USE_TMA: tl.constexpr, HAS_HSCALE: tl.constexpr,
+    STORE_LSE: tl.constexpr = False,
 ):
     LOG2E: tl.constexpr = 1.4426950408889634
     i_m, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -145,19 +146,24 @@ def _psa_fwd_kernel(
             # sum_U e(s-hat) V-hat_j = sum_U n_j e(s-hat) vmean_j
             b_acc = b_acc * b_alpha[:, None] + tl.dot(b_pn.to(b_vm.dtype), b_vm)
             b_m = b_mn
-        b_hb = tl.load(HBAR + i_bh * D * D + o_d[:, None] * D + o_d[None, :])  # [D, D]
-        b_qh = tl.dot(b_q, b_hb)  # [BS, D]  q H-bar
+        b_hb = tl.load(HBAR + i_bh * D * D + o_d[:, None] * D + o_d[None, :])  # [D, D]  H-bar / HSCALE
+        b_qh = tl.dot(b_q, b_hb)  # [BS, D]  q H-bar (/ HSCALE for float16)
+        if HAS_HSCALE:
+            b_qh = b_qh * tl.load(HSCALE + i_bh)
         b_acc += b_qh * (scale * b_g)[:, None]
 
     b_o = b_acc / b_l[:, None]
     if STORE_LSE:
         # log2 of the softmax denominator (in the running max's log2 units) per row, for the backward
         tl.store(LSE + i_bh * T + o_tq, b_m + tl.log2(b_l), mask=m_tq)
+    # non-finite contract: a finite result beyond the output dtype's range saturates instead of becoming inf
+    b_o = tl.where((b_o > out_max) & (b_o < float("inf")), out_max, b_o)
+    b_o = tl.where((b_o < -out_max) & (b_o > float("-inf")), -out_max, b_o)
     tl.store(O + i_b * so_b + i_h * so_h + o_rq[:, None] * so_t + o_d[None, :],
              b_o.to(O.dtype.element_ty), mask=m_tq[:, None])
 
 
-_KEY = ["D", "APPROX", "HAS_PERM"]  # + the dtypes of the tensor arguments (Triton adds them)
+_KEY = ["D", "APPROX", "HAS_PERM", "HAS_HSCALE"]  # + the dtypes of the tensor arguments (Triton adds them)
 _tuned_ptr = triton.autotune(configs=_configs(False), key=_KEY)(_psa_fwd_kernel)
 _tuned_tma = triton.autotune(configs=_configs(True), key=_KEY)(_psa_fwd_kernel)
 _seen: set = set()
@@ -188,7 +194,7 @@ def _tma_ok(device) -> bool:
                 from types import SimpleNamespace
                 q = torch.randn(1, 1, 100, 64, device=device, dtype=torch.bfloat16)
                 idx = torch.tensor([[[[0, -1]], [[0, 1]]]], device=device, dtype=torch.int32)
-                st = SimpleNamespace(kbar_lp=None, vmean_lp=None, hbar_lp=None)
+                st = SimpleNamespace(kbar_lp=None, vmean_lp=None, hbar_lp=None, hbar_scale=None)
                 cfg = SimpleNamespace(block_size=64, variant="drop", scale=0.125, budget=lambda n: n)
                 o1 = attention(q, q, q, torch.empty_like(q), st, idx, None, cfg,
                                config=dict(BLOCK_N=64, BLOCK_V=64, USE_TMA=True, num_warps=4, num_stages=2))
@@ -225,18 +231,20 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, perm=None, config: dict | No
         perm is None and tma_aligned(k) and tma_aligned(v) and _tma_ok(q.device))
     kd, vd = _descs(q, k, v, bs) if want_tma else (k, v)
     dummy = idx
+    hscale = getattr(st, "hbar_scale", None) if approx else None
     args = (
         q, k, v, out,
         st.kbar_lp if approx else dummy, st.vmean_lp if approx else dummy,
-        st.hbar_lp if approx else dummy, vbias if approx else dummy, idx,
+        st.hbar_lp if approx else dummy, hscale if hscale is not None else dummy, vbias if approx else dummy, idx,
         perm if perm is not None else dummy, kd, vd, lse if lse is not None else dummy,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
         vbias.stride(1) if approx else 0, vbias.stride(2) if approx else 0,
         HC, T, n, K, n_virt, float(cfg.scale) * 1.4426950408889634, float(cfg.scale),
+        float(torch.finfo(out.dtype).max),
     )
     grid = (n, HC, B)
-    meta = dict(D=D, BS=bs, APPROX=approx, HAS_PERM=perm is not None)
+    meta = dict(D=D, BS=bs, APPROX=approx, HAS_PERM=perm is not None, HAS_HSCALE=hscale is not None)
     if lse is not None:
         assert perm is None and lse.is_contiguous() and lse.shape == (B, HC, T) and lse.dtype == torch.float32
         meta["STORE_LSE"] = True

@@ -1,46 +1,55 @@
-"""Block statistics in one Triton pass over q, k, v, and routing with a few batched torch ops.
+"""Block statistics in Triton (the routing lives in route.py).
 
-One program reads G consecutive 64-token blocks of one (batch, head) and writes, per block, the float32
-k-bar, q-bar (and q^2, sigma^2 for PWT) used for routing, plus the k-bar and value means in the input dtype
-that the attention kernel multiplies on tensor cores. H-bar is never built per block: each program keeps
-sum_j H_j = sum_j (K_j - kbar_j)^T V_j of its blocks in registers ([D, D] float32) and adds it to the head's
-sum with one atomic add per element. Real token counts everywhere; padding never counts.
+`_block_stats_kernel`: one program per 64-token block of one (batch, head) (and half of the columns) writes the float32 k-bar, q-bar (and
+q^2, sigma^2 for PWT) used for routing, the k-bar and value means in the input dtype that the attention kernel
+multiplies on tensor cores, and whether the block is finite. `_hsum_kernel` (pisa / pwt / cov_bias): G blocks
+per program accumulate sum_j H_j = sum_j (K_j - kbar_j)^T V_j in registers ([D, D] float32, tensor cores), with
+k-bar read back instead of reduced in the loop, and write that partial once; the routing sums the partials of
+a head into H-bar (no atomics, no memset, bitwise reproducible). Measured and dropped: one kernel doing both
+(k and v read once; its [D, D] accumulator next to three tiles took 255 registers and a stack, one CTA per SM:
+1.63 ms vs 0.78 at Wan2.1-14B 480p). Real token counts everywhere; padding never counts.
+
+Non-finite inputs (../../shared/MATH.md): a block whose keys or values are not all finite contributes no H_j
+to H-bar (its own k-bar / sigma^2 / value mean carry the inf/NaN to exactly the rows that give it weight),
+so one inf key element cannot turn every row of its head NaN through the first-order term.
 """
 from __future__ import annotations
 
-import functools
-import logging
 import math
+import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-try:
-    from triton.runtime.errors import OutOfResources
-except ImportError:  # older Triton
-    from triton.runtime.autotuner import OutOfResources
-
 from ..config import SparseConfig
 
-log = logging.getLogger("piecewise_sparse_attention")
-from ..routing import forced_mask
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+from .route import (bias_dtype, kernel_scratch_bytes, route, route_in_kernel, route_torch,  # noqa: F401
+                    set_route_failed, vbias_from_routing)
 
 
 @triton.jit
 def _block_stats_kernel(
     Q, K, V, PERM,
-    KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2,
+    KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, FIN,
     sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
     HC, T, N,
-    D: tl.constexpr, BS: tl.constexpr, NEED_PWT: tl.constexpr, HAS_PERM: tl.constexpr,
+    D: tl.constexpr, DB: tl.constexpr, BS: tl.constexpr, NEED_PWT: tl.constexpr, NEED_V: tl.constexpr,
+    NEED_FIN: tl.constexpr, HAS_PERM: tl.constexpr,
 ):
-    """One program per block: means, sums of squares, centred key variance (no serial loop: latency)."""
-    j, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    """One program per (block, DB of the D columns): every statistic is per column, so the D columns split
+    over D // DB programs, each holding [BS, DB] tiles (fewer registers: more programs per SM, more bytes in
+    flight). Means, mean squares, centred key variance, and (for H-bar) FIN[i_bh, j, s] = 1 when the block's
+    keys and values in these columns are all finite."""
+    i_js, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    NSPLIT: tl.constexpr = D // DB
+    j = i_js // NSPLIT
+    i_s = i_js % NSPLIT
     i_bh = i_b * HC + i_h
     o_m = tl.arange(0, BS)
-    o_d = tl.arange(0, D)
+    o_d = i_s * DB + tl.arange(0, DB)
     o_t = j * BS + o_m
     m_t = o_t < T
     if HAS_PERM:
@@ -48,33 +57,43 @@ def _block_stats_kernel(
     else:
         o_r = o_t.to(tl.int64)
     cnt = tl.minimum(T - j * BS, BS).to(tl.float32)
-    b_k = tl.load(K + i_b * sk_b + i_h * sk_h + o_r[:, None] * sk_t + o_d[None, :], mask=m_t[:, None],
-                  other=0.0).to(tl.float32)  # [BS, D]
-    b_v = tl.load(V + i_b * sv_b + i_h * sv_h + o_r[:, None] * sv_t + o_d[None, :], mask=m_t[:, None],
-                  other=0.0).to(tl.float32)
-    b_q = tl.load(Q + i_b * sq_b + i_h * sq_h + o_r[:, None] * sq_t + o_d[None, :], mask=m_t[:, None],
-                  other=0.0).to(tl.float32)
-    b_kbar = tl.sum(b_k, axis=0) / cnt  # [D]
     o_s = (i_bh * N + j) * D + o_d
-    tl.store(KBAR + o_s, b_kbar)
-    tl.store(KBAR_LP + o_s, b_kbar.to(KBAR_LP.dtype.element_ty))
-    tl.store(VMEAN_LP + o_s, (tl.sum(b_v, axis=0) / cnt).to(VMEAN_LP.dtype.element_ty))
+    b_q = tl.load(Q + i_b * sq_b + i_h * sq_h + o_r[:, None] * sq_t + o_d[None, :], mask=m_t[:, None],
+                  other=0.0).to(tl.float32)  # [BS, DB]
+    b_k = tl.load(K + i_b * sk_b + i_h * sk_h + o_r[:, None] * sk_t + o_d[None, :], mask=m_t[:, None],
+                  other=0.0).to(tl.float32)
+    if NEED_V:
+        b_v = tl.load(V + i_b * sv_b + i_h * sv_h + o_r[:, None] * sv_t + o_d[None, :], mask=m_t[:, None],
+                      other=0.0).to(tl.float32)
     tl.store(QBAR + o_s, tl.sum(b_q, axis=0) / cnt)
+    if NEED_PWT:
+        tl.store(Q2 + o_s, tl.sum(b_q * b_q, axis=0) / cnt)
+    b_kbar = tl.sum(b_k, axis=0) / cnt  # [DB]
+    tl.store(KBAR + o_s, b_kbar)
     if NEED_PWT:
         b_kc = tl.where(m_t[:, None], b_k - b_kbar[None, :], 0.0)  # centred keys, padding zeroed
         tl.store(KSIG2 + o_s, tl.sum(b_kc * b_kc, axis=0) / cnt)
-        tl.store(Q2 + o_s, tl.sum(b_q * b_q, axis=0) / cnt)
+    if NEED_V:
+        b_vs = tl.sum(b_v, axis=0)
+        tl.store(KBAR_LP + o_s, b_kbar.to(KBAR_LP.dtype.element_ty))
+        tl.store(VMEAN_LP + o_s, (b_vs / cnt).to(VMEAN_LP.dtype.element_ty))
+        if NEED_FIN:
+            # k-bar and the value sum are finite exactly when these keys and values are (short of a float32
+            # overflow of the sum, which then also counts as non-finite)
+            b_f = tl.sum(b_kbar * 0.0 + b_vs * 0.0, axis=0)
+            tl.store(FIN + (i_bh * N + j) * NSPLIT + i_s, (b_f == 0.0).to(tl.int32))
 
 
 @triton.jit
 def _hsum_kernel(
-    K, V, PERM, HSUM,
+    K, V, PERM, KBAR, FIN, HPART,
     sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
-    HC, T, N, G,
-    D: tl.constexpr, BS: tl.constexpr, HAS_PERM: tl.constexpr,
+    HC, T, N, G, NPART,
+    D: tl.constexpr, BS: tl.constexpr, NSPLIT: tl.constexpr, HAS_PERM: tl.constexpr, H_DOT: tl.constexpr,
 ):
-    """sum_j H_j = sum_j (K_j - kbar_j)^T V_j over G blocks per program (split-K), one atomic add of the
-    [D, D] float32 partial per program. The blocks are those of the (permuted) token order."""
+    """sum_j H_j = sum_j (K_j - kbar_j)^T V_j over G blocks per program, k-bar and the finite flag read from
+    _block_stats_kernel (no reduction in the loop: a GEMM-like pipelined stream of K/V tiles); one [D, D]
+    float32 partial per program (HPART[i_bh, i_g])."""
     i_g, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh = i_b * HC + i_h
     o_m = tl.arange(0, BS)
@@ -91,13 +110,21 @@ def _hsum_kernel(
             o_r = tl.load(PERM + o_t, mask=m_t, other=0).to(tl.int64)
         else:
             o_r = o_t.to(tl.int64)
-        cnt = tl.minimum(T - j * BS, BS).to(tl.float32)
-        b_k = tl.load(p_k + o_r[:, None] * sk_t + o_d[None, :], mask=m_t[:, None], other=0.0)
-        b_v = tl.load(p_v + o_r[:, None] * sv_t + o_d[None, :], mask=m_t[:, None], other=0.0)
-        b_kf = b_k.to(tl.float32)
-        b_kc = tl.where(m_t[:, None], b_kf - (tl.sum(b_kf, axis=0) / cnt)[None, :], 0.0)
-        b_h += tl.dot(tl.trans(b_kc.to(b_v.dtype)), b_v)  # [D, BS] x [BS, D]
-    tl.atomic_add(HSUM + i_bh * D * D + o_d[:, None] * D + o_d[None, :], b_h)
+        keep = tl.min(tl.load(FIN + (i_bh * N + j) * NSPLIT + tl.arange(0, NSPLIT)), axis=0) != 0
+        m_r = m_t & keep
+        b_k = tl.load(p_k + o_r[:, None] * sk_t + o_d[None, :], mask=m_r[:, None], other=0.0)
+        b_v = tl.load(p_v + o_r[:, None] * sv_t + o_d[None, :], mask=m_r[:, None], other=0.0)
+        b_kbar = tl.load(KBAR + (i_bh * N + j) * D + o_d)
+        b_kc = tl.where(m_r[:, None], b_k.to(tl.float32) - b_kbar[None, :], 0.0)
+        if H_DOT == 1:
+            # float16 inputs: centred keys can exceed float16's range (|k| near 6e4); float32 operands on
+            # TF32 tensor cores keep float16's mantissa without its range
+            b_h += tl.dot(tl.trans(b_kc), b_v.to(tl.float32), input_precision="tf32")
+        elif H_DOT == 2:
+            b_h += tl.dot(tl.trans(b_kc), b_v.to(tl.float32))  # the interpreter (its bf16 dot is wrong)
+        else:
+            b_h += tl.dot(tl.trans(b_kc.to(b_v.dtype)), b_v)  # [D, BS] x [BS, D]
+    tl.store(HPART + (i_bh * NPART + i_g).to(tl.int64) * D * D + o_d[:, None] * D + o_d[None, :], b_h)
 
 
 @triton.jit
@@ -129,107 +156,53 @@ def _hnorm_kernel(
     tl.store(HNORM + i_bh * N + j, tl.sqrt(tl.sum(tl.sum(b_diff * b_diff, axis=1), axis=0)))
 
 
-@triton.jit
-def _route_kernel(
-    QBAR, KBAR, Q2, KSIG2, HNORM, IDX, VBIAS,
-    N, NSEL, k_budget, band, n_sink, svb_i, scale, half_s2, ln_b,
-    D: tl.constexpr, NP2: tl.constexpr, ROWS: tl.constexpr, DK: tl.constexpr,
-    PWT: tl.constexpr, COV: tl.constexpr,
-):
-    """Routing for ROWS query blocks of one (batch, head), scores never leave registers:
-    score = s qbar.kbar (+ log(hnorm + 1e-6)) (+ min(w, ln Bs)); forced blocks at +inf; the K_i = max(k,
-    #forced) best by a 32-step bit-by-bit search for the K_i-th largest key (ties by lower block id);
-    writes the ascending index list and the bias row (-inf = exact, else the gated w or 0)."""
-    i_r, i_bh = tl.program_id(0), tl.program_id(1)
-    o_i = i_r * ROWS + tl.arange(0, ROWS)
-    m_i = o_i < N
-    o_j = tl.arange(0, NP2)
-    m_j = o_j < N
-    o_k = tl.arange(0, DK)
-    b_s = tl.zeros([ROWS, NP2], dtype=tl.float32)
-    b_w = tl.zeros([ROWS, NP2], dtype=tl.float32)
-    # [ROWS, DK] x [DK, NP2] in full float32, one operand tile in shared memory at a time
-    for d0 in range(0, D, DK):
-        p_r = (i_bh * N + o_i)[:, None] * D + d0 + o_k[None, :]
-        p_c = (i_bh * N + o_j)[:, None] * D + d0 + o_k[None, :]
-        b_a = tl.load(QBAR + p_r, mask=m_i[:, None], other=0.0)
-        b_b = tl.load(KBAR + p_c, mask=m_j[:, None], other=0.0)
-        b_s += tl.dot(b_a, tl.trans(b_b), input_precision="ieee")
-    if PWT:
-        for d0 in range(0, D, DK):
-            p_r = (i_bh * N + o_i)[:, None] * D + d0 + o_k[None, :]
-            p_c = (i_bh * N + o_j)[:, None] * D + d0 + o_k[None, :]
-            b_a = tl.load(Q2 + p_r, mask=m_i[:, None], other=0.0)
-            b_b = tl.load(KSIG2 + p_c, mask=m_j[:, None], other=0.0)
-            b_w += tl.dot(b_a, tl.trans(b_b), input_precision="ieee")
-    b_s = b_s * scale
-    if COV:
-        b_hn = tl.load(HNORM + i_bh * N + o_j, mask=m_j, other=1.0)
-        b_s += tl.log(b_hn + 1e-6)[None, :]
-    if PWT:
-        b_w = b_w * half_s2
-        b_s += tl.minimum(b_w, ln_b)
-    # NaN/inf in the inputs must not break the ranking
-    b_s = tl.where(b_s != b_s, -1e30, b_s)
-    b_s = tl.minimum(tl.maximum(b_s, -1e30), 1e30)
-    d_ij = o_i[:, None] - o_j[None, :]
-    forced = ((d_ij <= band) & (d_ij >= -band)) | (o_j[None, :] < n_sink)
-    forced = forced & m_j[None, :]
-    b_s = tl.where(forced, float("inf"), b_s)
-    b_s = tl.where(m_j[None, :], b_s, float("-inf"))
-    n_forced = tl.sum(forced.to(tl.int32), axis=1)
-    k_i = tl.maximum(n_forced, k_budget)  # [ROWS]
-    # order-preserving unsigned key of a float32
-    b_bits = b_s.to(tl.int32, bitcast=True)
-    b_key = (b_bits ^ ((b_bits >> 31) | (-2147483647 - 1))).to(tl.uint32, bitcast=True)
-    b_key = tl.where(b_bits < 0, (~b_bits).to(tl.uint32, bitcast=True), b_key)
-    # largest t with #(key >= t) >= k_i, built from the top bit down
-    b_t = tl.zeros([ROWS], dtype=tl.uint32)
-    for bit in tl.static_range(31, -1, -1):
-        b_c = b_t | (1 << bit)
-        n_ge = tl.sum((b_key >= b_c[:, None]).to(tl.int32), axis=1)
-        b_t = tl.where(n_ge >= k_i, b_c, b_t)
-    gt = b_key > b_t[:, None]
-    eq = b_key == b_t[:, None]
-    n_gt = tl.sum(gt.to(tl.int32), axis=1)
-    eq_rank = tl.cumsum(eq.to(tl.int32), axis=1)
-    sel = gt | (eq & (eq_rank <= (k_i - n_gt)[:, None]))
-    pos = tl.cumsum(sel.to(tl.int32), axis=1) - 1
-    m_ij = m_i[:, None] & m_j[None, :]
-    tl.store(IDX + (i_bh * N + o_i)[:, None].to(tl.int64) * NSEL + pos, o_j[None, :] + 0 * pos,
-             mask=sel & m_ij)
-    if PWT:
-        b_vb = tl.where(b_w <= ln_b, b_w, 0.0)  # gates a NaN w too, like kernels.routing.pwt_bonus
-    else:
-        b_vb = tl.zeros([ROWS, NP2], dtype=tl.float32)
-    b_vb = tl.where(sel, float("-inf"), b_vb)
-    tl.store(VBIAS + (i_bh * N + o_i)[:, None].to(tl.int64) * svb_i + o_j[None, :],
-             b_vb.to(VBIAS.dtype.element_ty), mask=m_ij)
-
-
 @dataclass
 class TritonStats:
-    """Per (batch, head-chunk) statistics; float32 for routing, input dtype for the attention kernel."""
+    """Per (batch, head-chunk) statistics; float32 for routing, input dtype for the attention kernel.
+
+    H-bar arrives as `hpart` (per-program partial sums of H_j) from block_stats; the routing's first kernel
+    (route.route) reduces it into `hbar` / `hbar_lp` in place (finalize_hbar does it on its own)."""
     kbar: torch.Tensor  # [B, HC, N, D] float32
     qbar: torch.Tensor  # [B, HC, N, D] float32
     q2: torch.Tensor | None  # [B, HC, N, D] float32 (PWT)
     ksig2: torch.Tensor | None  # [B, HC, N, D] float32 (PWT)
-    kbar_lp: torch.Tensor  # [B, HC, N, D] input dtype
-    vmean_lp: torch.Tensor  # [B, HC, N, D] input dtype (V-hat / n_j)
+    kbar_lp: torch.Tensor | None  # [B, HC, N, D] input dtype (pisa / pwt)
+    vmean_lp: torch.Tensor | None  # [B, HC, N, D] input dtype (V-hat / n_j; pisa / pwt)
     hbar: torch.Tensor | None  # [B, HC, D, D] float32
-    hbar_lp: torch.Tensor | None  # [B, HC, D, D] input dtype
+    hbar_lp: torch.Tensor | None  # [B, HC, D, D] input dtype (float16: hbar / hbar_scale)
     hnorm: torch.Tensor | None  # [B, HC, N] float32 (cov_bias)
+    hpart: torch.Tensor | None = None  # [B, HC, P, D, D] float32 partial sums of H_j (P programs per head)
+    hbar_ready: bool = False
+    # float16 only: [B, HC] float32 power of two >= 1 with hbar_lp = hbar / hbar_scale (None: scale 1)
+    hbar_scale: torch.Tensor | None = None
 
 
 def _n_sm(device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
     return 4
+
+
+# tuning knobs (bench/pieces.py --sweep; H200 numbers in bench/results/pieces_h200.md): the per-block kernel at
+# 4 warps beat 8 (Wan2.1-14B 480p pwt statistics 0.78 vs 1.24 ms with [64, 128] tiles); H-sum programs per SM
+# made no difference between 1 and 4 (the [D, D] accumulator allows one resident CTA at 8 warps)
+HSUM_CTAS_PER_SM = 2
+STATS_WARPS = 4
+STATS_DB = 64  # columns per statistics program
+
+
+def blocks_per_program(n: int, bh: int, device=None, per_sm: int | None = None) -> int:
+    """G blocks per H-sum program: about `per_sm` programs per SM over all (batch, head) pairs, at least
+    4 blocks each and at most 64 partials of H per head (P = ceil(N / G))."""
+    n_sm = _n_sm(device) if device is not None else 132
+    per_sm = HSUM_CTAS_PER_SM if per_sm is None else per_sm
+    return max(4, math.ceil(n / 64), math.ceil(n * bh / (per_sm * n_sm)))
 
 
 def block_stats(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None, need_pwt: bool | None = None,
                 need_h: bool | None = None, need_hnorm: bool | None = None) -> TritonStats:
-    """Statistics of [B, HC, T, D] views (any batch/head/token strides, unit last stride)."""
+    """Statistics of [B, HC, T, D] views (any batch/head/token strides, unit last stride): one program per
+    block, then (pisa / pwt / cov_bias) the H_j partial sums in a GEMM-like pass over K and V."""
     B, HC, T, D = q.shape
     bs = cfg.block_size
     n = -(-T // bs)
@@ -238,149 +211,66 @@ def block_stats(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None,
     need_pwt = cfg.variant == "pwt" if need_pwt is None else need_pwt
     need_h = (approx or cfg.cov_bias) if need_h is None else need_h
     need_hnorm = cfg.cov_bias if need_hnorm is None else need_hnorm
+    need_v = approx or need_h
     f32 = torch.float32
     kbar = torch.empty(B, HC, n, D, device=dev, dtype=f32)
     qbar = torch.empty_like(kbar)
     q2 = torch.empty_like(kbar) if need_pwt else None
     ksig2 = torch.empty_like(kbar) if need_pwt else None
-    kbar_lp = torch.empty(B, HC, n, D, device=dev, dtype=q.dtype)
-    vmean_lp = torch.empty_like(kbar_lp)
-    grid = (n, HC, B)
+    kbar_lp = torch.empty(B, HC, n, D, device=dev, dtype=q.dtype) if need_v else None
+    vmean_lp = torch.empty_like(kbar_lp) if need_v else None
+    g = blocks_per_program(n, B * HC, dev) if need_h else 1
+    npart = triton.cdiv(n, g)
+    hpart = torch.empty(B, HC, npart, D, D, device=dev, dtype=f32) if need_h else None
     dummy = kbar
-    _block_stats_kernel[grid](
-        q, k, v, perm if perm is not None else dummy,
-        kbar, kbar_lp, vmean_lp, ksig2 if need_pwt else dummy, qbar, q2 if need_pwt else dummy,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        HC, T, n, D=D, BS=bs, NEED_PWT=need_pwt, HAS_PERM=perm is not None, num_warps=4,
+    h_dot = 2 if _INTERPRET else (1 if q.dtype == torch.float16 else 0)
+    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+               v.stride(0), v.stride(1), v.stride(2))
+    pm = perm if perm is not None else dummy
+    db = min(STATS_DB, D)
+    nsplit = D // db
+    fin = torch.empty(B, HC, n, nsplit, device=dev, dtype=torch.int32) if need_h else None
+    _block_stats_kernel[(n * nsplit, HC, B)](
+        q, k, v, pm, kbar, kbar_lp if need_v else dummy, vmean_lp if need_v else dummy,
+        ksig2 if need_pwt else dummy, qbar, q2 if need_pwt else dummy, fin if need_h else dummy, *strides,
+        HC, T, n, D=D, DB=db, BS=bs, NEED_PWT=need_pwt, NEED_V=need_v, NEED_FIN=need_h, HAS_PERM=perm is not None,
+        num_warps=STATS_WARPS,
     )
     if need_h:
-        hsum = torch.zeros(B, HC, D, D, device=dev, dtype=f32)
-        # split-K over blocks: ~4 programs per SM, each summing G blocks in registers before one atomic add
-        g = max(1, math.ceil(n * B * HC / (4 * _n_sm(dev))))
-        _hsum_kernel[(triton.cdiv(n, g), HC, B)](
-            k, v, perm if perm is not None else dummy, hsum,
-            k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-            HC, T, n, g, D=D, BS=bs, HAS_PERM=perm is not None, num_warps=8 if D >= 128 else 4, num_stages=3,
+        _hsum_kernel[(npart, HC, B)](
+            k, v, pm, kbar, fin, hpart, *strides[3:], HC, T, n, g, npart, D=D, BS=bs, NSPLIT=nsplit,
+            HAS_PERM=perm is not None, H_DOT=h_dot, num_warps=8 if D >= 128 else 4, num_stages=3,
         )
-    hbar = hbar_lp = hnorm = None
-    if need_h:
-        hbar = hsum.div_(n)
-        hbar_lp = hbar.to(q.dtype)
+    st = TritonStats(kbar, qbar, q2, ksig2, kbar_lp, vmean_lp, None, None, None, hpart)
     if need_hnorm:
+        finalize_hbar(st, n, q.dtype)
         hnorm = torch.empty(B, HC, n, device=dev, dtype=f32)
         _hnorm_kernel[(n, HC, B)](
-            k, v, perm if perm is not None else dummy, hbar, hnorm,
+            k, v, pm, st.hbar, hnorm,
             k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
             HC, T, n, D=D, BS=bs, HAS_PERM=perm is not None, num_warps=8 if D >= 128 else 4,
         )
-    return TritonStats(kbar, qbar, q2, ksig2, kbar_lp, vmean_lp, hbar, hbar_lp, hnorm)
+        st.hnorm = hnorm
+    return st
 
 
-def bias_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Storage of the per-(query block, KV block) virtual-token bias: -inf marks an exact block, else the
-    gated PWT bonus w (0 for PISA). float16 for 16-bit inputs (w <= ln Bs, so the rounding is <= 2e-3 in
-    the logit); float32 otherwise."""
-    return torch.float16 if dtype in (torch.float16, torch.bfloat16) else torch.float32
+def finalize_hbar(st: TritonStats, n: int, dtype: torch.dtype) -> None:
+    """H-bar = (1/N) sum of the partials, in torch (cov_bias, tests); route() does it inside its first kernel."""
+    if st.hpart is None or st.hbar_ready:
+        return
+    st.hbar = st.hpart.sum(2).div_(n)
+    st.hbar_lp, st.hbar_scale = lowp_hbar(st.hbar, dtype)
+    st.hbar_ready = True
 
 
-@torch.no_grad()
-def route_torch(st: TritonStats, cfg: SparseConfig, dtype: torch.dtype):
-    """(idx [B, HC, Nq, K] int32 ascending, -1 padded; vbias [B, HC, Nq, N] view of an N+1 wide buffer).
-
-    The same arithmetic as kernels.routing.route (score, cov_bias, PWT rank bonus, forced band and sinks
-    at +inf, top-k with forced blocks inside the budget), without materialising the bool mask and the
-    float32 w separately: the virtual-token bias carries both.
-    """
-    scale = float(cfg.scale)
-    nq, n = st.qbar.shape[-2], st.kbar.shape[-2]
-    score = torch.matmul(st.qbar, st.kbar.transpose(-1, -2)).mul_(scale)  # [B, HC, Nq, N]
-    if cfg.cov_bias:
-        score.add_(torch.log(st.hnorm + 1e-6)[..., None, :])
-    vbias = torch.zeros(*score.shape[:-1], n + 1, device=score.device, dtype=bias_dtype(dtype))
-    if cfg.variant == "pwt":
-        ln_b = math.log(cfg.block_size)
-        w = torch.matmul(st.q2, st.ksig2.transpose(-1, -2)).mul_(0.5 * scale * scale)
-        gate = ~(w <= ln_b)  # decided in float32, like the reference (a NaN w is gated too)
-        score.add_(w.clamp_(max=ln_b))  # ranking bonus min(w, ln Bs)
-        vbias[..., :n].copy_(w.masked_fill_(gate, 0.0))  # where not gated, clamped w == w
-        del w, gate
-    score = torch.nan_to_num_(score, nan=-1e30, posinf=1e30, neginf=-1e30)
-    forced = forced_mask(nq, n, cfg.band, cfg.n_sink_blocks, score.device)
-    score.masked_fill_(forced, float("inf"))
-    k = cfg.budget(n)
-    n_forced = forced.sum(-1)
-    kmax = int(max(k, int(n_forced.max())))
-    if kmax == k:
-        # every row keeps exactly k (forced blocks at +inf are among them): no order needed
-        top = torch.topk(score, k, dim=-1, sorted=False).indices
-    else:
-        top = torch.topk(score, kmax, dim=-1, sorted=True).indices
-        keep = torch.arange(kmax, device=top.device) < torch.clamp(n_forced, min=k)[:, None]
-        top = torch.where(keep, top, n)
-    del score
-    # the spare column N absorbs the padding entries
-    vbias.scatter_(-1, top, float("-inf"))
-    # ascending lists: sort 16-bit keys where N allows (a quarter of int64's radix passes)
-    idx = torch.sort(top.to(torch.int16 if n < 2**15 else torch.int32), dim=-1).values.to(torch.int32)
-    return (torch.where(idx < n, idx, -1) if kmax != k else idx), vbias[..., :n]
-
-
-@functools.lru_cache(maxsize=256)
-def _max_forced(n: int, band: int, n_sink: int) -> int:
-    return int(forced_mask(n, n, band, n_sink, "cpu").sum(-1).max())
-
-
-@torch.no_grad()
-def route(st: TritonStats, cfg: SparseConfig, dtype: torch.dtype):
-    """(idx [B, HC, Nq, K] int32 ascending, -1 padded; vbias [B, HC, Nq, N] float16/32) in one kernel: the
-    [Nq, N] scores stay in registers. Same result as kernels.routing.route up to ties and float32
-    summation order. NP2 (N rounded up to a power of two) is a compile constant: one compile per octave."""
-    B, HC, n, D = st.kbar.shape
-    np2 = max(16, triton.next_power_of_2(n))
-    if not route_in_kernel(n):
-        return route_torch(st, cfg, dtype)
-    k = cfg.budget(n)
-    kmax = max(k, _max_forced(n, cfg.band, cfg.n_sink_blocks))
-    idx = torch.full((B, HC, n, kmax), -1, device=st.kbar.device, dtype=torch.int32)
-    vbias = torch.empty(B, HC, n, n, device=st.kbar.device, dtype=bias_dtype(dtype))
-    rows = 16
-    pwt = cfg.variant == "pwt"
-    scale = float(cfg.scale)
-    dummy = st.kbar
-    try:
-        _route_kernel[(triton.cdiv(n, rows), B * HC)](
-            st.qbar, st.kbar, st.q2 if pwt else dummy, st.ksig2 if pwt else dummy,
-            st.hnorm if cfg.cov_bias else dummy, idx, vbias,
-            n, kmax, k, cfg.band, cfg.n_sink_blocks, vbias.stride(2), scale, 0.5 * scale * scale,
-            math.log(cfg.block_size),
-            # [NP2, DK] float32 operand tiles, single-buffered: 32 KiB at N=512, 64 KiB at N=1024
-            D=D, NP2=np2, ROWS=rows, DK=32 if np2 <= 256 else 16, PWT=pwt, COV=bool(cfg.cov_bias),
-            num_warps=4 if np2 <= 512 else 8, num_stages=1,
-        )
-    except OutOfResources as e:
-        _set_route_failed(e)
-        return route_torch(st, cfg, dtype)
-    return idx, vbias
-
-
-# above this many KV blocks (T > 65536 at Bs 64) the [16, NP2] score rows would spill: torch routing
-_ROUTE_KERNEL_MAX_N = 1024
-_route_failed = False
-
-
-def route_in_kernel(n: int) -> bool:
-    """Whether route() takes the Triton kernel (scores in registers) for N KV blocks, or torch."""
-    return max(16, triton.next_power_of_2(n)) <= _ROUTE_KERNEL_MAX_N and not _route_failed
-
-
-def _set_route_failed(e):
-    global _route_failed
-    _route_failed = True
-    log.warning("piecewise_sparse_attention: triton routing kernel out of resources (%s); routing with "
-                "torch.topk from now on", str(e)[:160])
-
-
-def vbias_from_routing(routing, dtype: torch.dtype) -> torch.Tensor:
-    """The kernel's virtual-token bias from a kernels.routing.Routing (exact -> -inf, else gated w)."""
-    return routing.w.to(bias_dtype(dtype)).masked_fill(routing.exact, float("-inf"))
+def lowp_hbar(hbar: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(hbar / scale in `dtype`, scale [B, HC] or None): for float16 the per-head power of two >= 1 that
+    keeps max |hbar / scale| <= 2^14 (moderate keys and values already give an H-bar above 65504; the
+    attention kernel multiplies q (H-bar / scale) back by scale in float32); None (scale 1) for other dtypes
+    (bfloat16 has float32's range). No host sync."""
+    if dtype != torch.float16:
+        return hbar.to(dtype), None
+    amax = hbar.abs().amax(dim=(-1, -2))
+    scale = torch.exp2(torch.ceil(torch.log2(amax * 2.0 ** -14))).clamp_(min=1.0)
+    scale = torch.where(torch.isfinite(scale), scale, torch.ones_like(scale))
+    return (hbar / scale[..., None, None]).to(dtype), scale

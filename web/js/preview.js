@@ -1,7 +1,8 @@
 // Live preview on the "Piecewise Sparse Attention" node: which KV blocks stay exact for a few query
 // blocks on a representative Wan or FLUX token grid (band, sinks, Morton vs raster neighbourhoods), the
-// exact fraction, and the estimated attention speedup. Redrawn from the current widget values on every
-// canvas draw, so it follows any knob. On a frontend without the APIs used here the node stays plain.
+// exact fraction, and the estimated attention speedup. Drawn from the current widget values on every draw:
+// the classic canvas draws it with the node, Nodes 2.0 (Vue) when a knob's callback or a configure asks for it
+// (refresh). On a frontend without the APIs used here the node stays plain.
 import { app } from "../../../scripts/app.js";
 import {
   CAT, GRIDS, blockGeometry, estimateSpeedup, exactFraction, formatPercent, parseDenseBlocks,
@@ -40,7 +41,7 @@ try {
     .then((r) => (r.ok ? r.json() : null))
     .then((c) => {
       curve = validCurve(c);
-      app?.graph?.setDirtyCanvas?.(true, true);
+      for (const node of app?.graph?.nodes ?? []) if (node?.type === NODE) refresh(node);
     })
     .catch(() => {});
 } catch (e) {
@@ -55,7 +56,6 @@ function widgetValue(node, name, fallback) {
 // Guess Wan or FLUX from the loaders upstream of the model input (file names mention the family).
 function inferGrid(node) {
   try {
-    const graph = node.graph ?? app.graph;
     const seen = new Set();
     const queue = [node];
     while (queue.length && seen.size < 32) {
@@ -67,10 +67,9 @@ function inferGrid(node) {
         if (/flux/i.test(t)) return GRIDS.flux1024;
         if (/\bwan|wan2|wan_/i.test(t)) return GRIDS.wan480p;
       }
-      for (const input of cur.inputs ?? []) {
-        if (input.link == null) continue;
-        const link = graph?.links?.get?.(input.link) ?? graph?.links?.[input.link];
-        const up = link ? graph.getNodeById?.(link.origin_id) : null;
+      // getInputNode: LiteGraph's own walk over a connection (input.link is deprecated in frontend 1.58)
+      for (let slot = 0; slot < (cur.inputs?.length ?? 0); slot++) {
+        const up = cur.getInputNode?.(slot);
         if (up) queue.push(up);
       }
     }
@@ -378,6 +377,9 @@ function makeWidget(node) {
     draw(ctx, n, width, y) {
       if (this.failed) return;
       try {
+        // where it was drawn, for the toggle's hit test: Nodes 2.0 draws it on a canvas of its own (y = 1,
+        // the element's width) while the node's classic layout keeps its own widget.y
+        this.drawnAt = [width, y];
         drawPreview(ctx, n, width, y);
       } catch (e) {
         this.failed = true;
@@ -398,13 +400,15 @@ function makeWidget(node) {
       try {
         const type = e?.type ?? "";
         if (!type.endsWith("down")) return false;
-        const [tx, , tw, th] = toggleRect(n.size[0]);
-        const ly = pos[1] - (this.y ?? this.last_y ?? 0);
+        const [width, top] = this.drawnAt ?? [n.size[0], this.y ?? this.last_y ?? 0];
+        const [tx, , tw, th] = toggleRect(width);
+        const ly = pos[1] - top;
         if (pos[0] >= tx && pos[0] <= tx + tw && ly >= 0 && ly <= th + 2) {
           const cur = n.psaPreview?.grid ?? "wan480p";
+          // assignment only: properties is a Vue reactive object in frontend 1.58 (never delete its keys)
           n.properties ??= {};
           n.properties[GRID_PROP] = cur === "flux1024" ? "wan480p" : "flux1024";
-          n.setDirtyCanvas?.(true, true);
+          refresh(n);
           return true;
         }
       } catch (err) {
@@ -414,6 +418,35 @@ function makeWidget(node) {
     },
   };
   return widget;
+}
+
+// Redraw the preview now. The classic renderer draws widgets on the graph canvas (setDirtyCanvas); Nodes 2.0
+// (the Vue renderer) draws a canvas widget on a <canvas> of its own and redraws it when the frontend calls the
+// widget's `triggerDraw`, which it sets while the widget is mounted and otherwise only calls on the widget's own
+// callback: so every knob's callback and every configure ends here.
+function refresh(node) {
+  try {
+    node.widgets?.find((w) => w.name === WIDGET)?.triggerDraw?.();
+    node.setDirtyCanvas?.(true, true);
+  } catch (e) {
+    // a redraw request is a convenience; the next draw reads the current values anyway
+  }
+}
+
+// Chain a redraw onto each knob's callback, which the frontends call for mouse, keyboard and Vue widget input
+// and which code setting a value is expected to call (`widget.value = v; widget.callback?.(v)`).
+const followed = new WeakSet();
+function followKnobs(node) {
+  for (const w of node.widgets ?? []) {
+    if (w.name === WIDGET || followed.has(w)) continue;
+    const callback = w.callback;
+    w.callback = function () {
+      const r = callback?.apply(this, arguments);
+      refresh(node);
+      return r;
+    };
+    followed.add(w);
+  }
 }
 
 function fitNode(node) {
@@ -443,6 +476,7 @@ try {
                 this.addCustomWidget(makeWidget(this));
                 fitNode(this);
               }
+              followKnobs(this);
             } catch (e) {
               console.warn(`[${EXT}] no preview on this frontend: ${e?.message ?? e}`);
             }
@@ -452,8 +486,12 @@ try {
           nodeType.prototype.onConfigure = function () {
             const r = onConfigure?.apply(this, arguments);
             try {
-              // a workflow saved without the preview has a smaller node: make room for it
-              if (this.widgets?.some((w) => w.name === WIDGET)) fitNode(this);
+              // a workflow saved without the preview has a smaller node: make room for it; the loaded
+              // values are new to the preview
+              if (this.widgets?.some((w) => w.name === WIDGET)) {
+                fitNode(this);
+                refresh(this);
+              }
             } catch (e) {
               // size is cosmetic
             }

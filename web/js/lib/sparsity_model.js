@@ -1,6 +1,6 @@
 // Pure model of what the PiecewiseSparseAttention knobs do, for the node preview.
 // No DOM, no ComfyUI: importable on its own (the browser test checks it against kernels/).
-// The maths is ../shared/MATH.md: k = ceil(density * N), S_i = forced (band, sinks) + top-k by score,
+// The maths is docs/MATH.md: k = ceil(density * N), S_i = forced (band, sinks) + top-k by score,
 // |S_i| = max(k, #forced_i). The score here is synthetic and deterministic (see routeRow).
 
 export const BLOCK_SIZE = 64;

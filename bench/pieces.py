@@ -1,0 +1,444 @@
+"""Every piece of the operator against its own bound on the GPU (issue 11), in one run.
+
+    python bench/pieces.py --out DIR [--shapes wan14,wan14_720,wan13,flux] [--backends triton,cute]
+                           [--old DIR_WITH_kernels_old] [--ditlike] [--morton] [--flux-node] [--rep 100]
+
+Per shape (B1, D128, bf16, random N(0,1) inputs; pwt at density 0.125, FLUX 0.2):
+  * ceilings measured first: device-to-device copy bandwidth (bytes read + written), bf16 GEMM TFLOP/s;
+  * statistics (block_stats) for pwt and for drop, against one read of the tensors they need;
+  * routing (scores + top-k + H-bar reduction) against the bytes it must write (bias rows, index lists);
+  * attention kernels under identical routing: drop = the exact part (TFLOP/s of the routed tiles), pwt - drop
+    = the virtual-token work (against its FLOPs at the exact part's rate);
+  * the full operator, and a torch.profiler kernel table of one call;
+  * with --old: the same through a copy of the previous kernels (package `kernels_old`), in the same run;
+  * --ditlike: the exact part on DiT-like Morton-ordered inputs (kernels/synthetic.py at the real size) and the
+    share of KV blocks adjacent query blocks have in common; --morton: reorder="morton" vs "none" through the
+    public API, time and peak extra memory; --flux-node: FLUX 1024^2 as the node calls it, eager vs CUDA graph.
+Timing: median of triton.testing.do_bench (CUDA events), first call outside the timing. Writes DIR/pieces.json
+after every shape and prints one line per measurement; a short table last.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import math
+import sys
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import triton  # noqa: E402
+from triton.testing import do_bench  # noqa: E402
+
+from kernels.config import SparseConfig  # noqa: E402
+
+SHAPES = {"wan14": (1, 40, 32760, 128), "wan14_720": (1, 40, 75600, 128), "wan13": (1, 12, 32760, 128),
+          "flux": (1, 24, 4608, 128)}
+GRIDS = {"wan14": (21, 30, 52), "wan14_720": (21, 45, 80), "wan13": (21, 30, 52), "flux": (64, 64)}
+RES: dict = {"shapes": {}}
+T0 = time.time()
+REP = 100
+DEV, DT = "cuda", torch.bfloat16  # --dry: CPU, float16, TRITON_INTERPRET=1 (a smoke test of this script)
+
+
+def say(*a):
+    print(f"[{time.time() - T0:6.1f}s]", *a, flush=True)
+
+
+def sync():
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
+
+def ms(fn):
+    fn()
+    sync()
+    if DEV != "cuda":
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e3
+    return do_bench(fn, warmup=25, rep=REP, return_mode="median")
+
+
+def timed(d, key, fn):
+    try:
+        d[key] = ms(fn)
+        say(f"  {key}: {d[key]:.4f} ms")
+    except Exception as e:
+        traceback.print_exc()
+        d[key] = f"failed: {type(e).__name__}: {str(e)[:200]}"
+        say(f"  {key}: FAILED {d[key]}")
+    return d[key]
+
+
+def cfg_of(variant, density, D=128):
+    return SparseConfig(density=density, variant=variant, band=1, n_sink_blocks=0, scale=D ** -0.5)
+
+
+def rnd(shape, seed):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    return torch.randn(*shape, device=DEV, generator=g, dtype=torch.float32).to(DT)
+
+
+def ceilings():
+    n, m = (2**30, 8192) if DEV == "cuda" else (2**20, 256)
+    x = torch.empty(n, device=DEV, dtype=DT)
+    y = torch.empty_like(x)
+    t = ms(lambda: y.copy_(x))
+    a = torch.randn(m, m, device=DEV, dtype=torch.float32).to(DT)
+    b = torch.randn(m, m, device=DEV, dtype=torch.float32).to(DT)
+    tg = ms(lambda: a @ b)
+    c = {"copy_TBps": 2 * x.numel() * 2 / t / 1e9, "gemm_bf16_TFLOPs": 2 * m**3 / tg / 1e9}
+    del x, y, a, b
+    empty()
+    say("ceilings", c)
+    return c
+
+
+def empty():
+    if DEV == "cuda":
+        torch.cuda.empty_cache()
+
+
+def kernel_table(fn, top=12):
+    """[(kernel name, total ms, calls)] of one call of fn, from torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    sync()
+    acts = [ProfilerActivity.CUDA] if DEV == "cuda" else [ProfilerActivity.CPU]
+    with profile(activities=acts) as prof:
+        fn()
+        sync()
+    rows = []
+    for ev in prof.key_averages():
+        t = (getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)) if DEV == "cuda" \
+            else ev.cpu_time_total
+        if t > 0:
+            rows.append((ev.key[:90], t / 1e3, ev.count))
+    rows.sort(key=lambda r: -r[1])
+    return rows[:top]
+
+
+def pieces(label, pkg, backends, q, k, v, density, bw, out):
+    """Statistics, routing, attention (drop / pwt under the same routing) and the full operator of one kernels
+    package (`kernels` or `kernels_old`)."""
+    kt = importlib.import_module(f"{pkg}.triton")
+    kts = importlib.import_module(f"{pkg}.triton.stats")
+    ktf = importlib.import_module(f"{pkg}.triton.fwd")
+    B, H, T, D = q.shape
+    n = -(-T // 64)
+    cpwt, cdrop = cfg_of("pwt", density, D), cfg_of("drop", density, D)
+    d = out.setdefault(label, {})
+    # statistics
+    t_st = timed(d, "stats_pwt_ms", lambda: kts.block_stats(q, k, v, cpwt))
+    timed(d, "stats_drop_ms", lambda: kts.block_stats(q, k, v, cdrop))
+    st = kts.block_stats(q, k, v, cpwt)
+
+    def route_once():
+        if hasattr(st, "hbar_ready"):
+            st.hbar_ready = False
+        return kts.route(st, cpwt, q.dtype)
+
+    timed(d, "routing_pwt_ms", route_once)
+    idx, vbias = route_once()
+    if getattr(st, "hbar", None) is None and hasattr(kts, "finalize_hbar"):
+        kts.finalize_hbar(st, n, q.dtype)
+    # bounds: one read of q, k, v (+ the statistics written); routing: bias rows + lists written
+    qkv_bytes = 3 * q.numel() * q.element_size()
+    d["stats_pwt_bound_ms"] = (qkv_bytes + B * H * n * D * (4 * 4 + 2 * 2)) / bw / 1e9
+    d["stats_drop_bound_ms"] = (2 * q.numel() * 2 + B * H * n * D * 8) / bw / 1e9
+    d["routing_bound_ms"] = (B * H * n * n * 2 + idx.numel() * 4) / bw / 1e9
+    n_sel = int((idx >= 0).sum())
+    d["exact_tflop"] = n_sel * 64 * 64 * D * 4 / 1e12
+    d["virtual_tflop"] = B * H * n * 64 * n * D * 4 / 1e12
+    d["exact_l2_gb"] = n_sel * 2 * 64 * D * 2 / 1e9
+    outb = torch.empty_like(q)
+    timed(d, "attn_triton_drop_ms", lambda: ktf.attention(q, k, v, outb, st, idx, vbias, cdrop))
+    timed(d, "attn_triton_pwt_ms", lambda: ktf.attention(q, k, v, outb, st, idx, vbias, cpwt))
+    if "cute" in backends:
+        try:
+            kcf = importlib.import_module(f"{pkg}.cute.fwd")
+            timed(d, "attn_cute_drop_ms", lambda: kcf.attention(q, k, v, outb, st, idx, None, cdrop))
+            timed(d, "attn_cute_pwt_ms", lambda: kcf.attention(q, k, v, outb, st, idx, vbias, cpwt))
+        except Exception as e:
+            d["attn_cute"] = f"unavailable: {type(e).__name__}: {str(e)[:200]}"
+            say("  cute unavailable:", d["attn_cute"])
+    del st, idx, vbias
+    timed(d, "full_triton_pwt_ms", lambda: kt.forward(q, k, v, cpwt))
+    timed(d, "full_triton_drop_ms", lambda: kt.forward(q, k, v, cdrop))
+    try:
+        d["profile_triton_pwt"] = kernel_table(lambda: kt.forward(q, k, v, cpwt))
+    except Exception as e:
+        d["profile_triton_pwt"] = f"failed: {e}"
+    if "cute" in backends:
+        try:
+            kc = importlib.import_module(f"{pkg}.cute")
+            if kc.available():
+                timed(d, "full_cute_pwt_ms", lambda: kc.forward(q, k, v, cpwt))
+                timed(d, "full_cute_drop_ms", lambda: kc.forward(q, k, v, cdrop))
+                d["profile_cute_pwt"] = kernel_table(lambda: kc.forward(q, k, v, cpwt))
+        except Exception as e:
+            d["full_cute"] = f"failed: {type(e).__name__}: {str(e)[:200]}"
+    for be in ("triton", "cute"):
+        a, b = d.get(f"attn_{be}_drop_ms"), d.get(f"attn_{be}_pwt_ms")
+        if isinstance(a, float) and isinstance(b, float):
+            d[f"virtual_{be}_ms"] = b - a
+            d[f"exact_{be}_TFLOPs"] = d["exact_tflop"] / a * 1e3
+            d[f"exact_{be}_l2_TBps"] = d["exact_l2_gb"] / a
+    sync()
+    empty()
+    say(label, {k2: v2 for k2, v2 in d.items() if not k2.startswith("profile")})
+
+
+def sweep(q, k, v, density, out):
+    """Tuning knobs of the statistics and routing kernels (kernels.triton.stats / route module attributes)."""
+    from kernels.triton import route as kr
+    from kernels.triton import stats as kts
+    D = q.shape[-1]
+    cpwt = cfg_of("pwt", density, D)
+    d = out.setdefault("sweep", {})
+    keep = (kts.FUSED, kts.HSUM_CTAS_PER_SM, kts.STATS_WARPS, kr.SELECT_KEYS, kr.SELECT_WARPS)
+    try:
+        for fused, per_sm, warps in ((False, 1, 8), (False, 2, 8), (False, 4, 8), (False, 2, 4), (True, 4, 8)):
+            kts.FUSED, kts.HSUM_CTAS_PER_SM, kts.STATS_WARPS = fused, per_sm, warps
+            timed(d, f"stats_fused{int(fused)}_persm{per_sm}_w{warps}_ms", lambda: kts.block_stats(q, k, v, cpwt))
+        kts.FUSED, kts.HSUM_CTAS_PER_SM, kts.STATS_WARPS = keep[:3]
+        st = kts.block_stats(q, k, v, cpwt)
+        for keys, warps in ((2048, 4), (4096, 4), (8192, 4), (8192, 8), (16384, 8), (4096, 2)):
+            kr.SELECT_KEYS, kr.SELECT_WARPS = keys, warps
+
+            def once():
+                st.hbar_ready = False
+                return kts.route(st, cpwt, q.dtype)
+            timed(d, f"route_keys{keys}_w{warps}_ms", once)
+    finally:
+        kts.FUSED, kts.HSUM_CTAS_PER_SM, kts.STATS_WARPS, kr.SELECT_KEYS, kr.SELECT_WARPS = keep
+
+
+def ditlike(shape, grid, density, backends, out):
+    """Exact part on DiT-like Morton-ordered inputs; share of KV blocks that adjacent query blocks have in common."""
+    from kernels import triton as kt
+    from kernels.reorder import apply_reorder, orders_on
+    from kernels.synthetic import dit_like_qkv
+    from kernels.triton import fwd as ktf
+    B, H, T, D = shape
+    q, k, v = dit_like_qkv(grid, heads=H, head_dim=D, dtype=DT, device=DEV)
+    perm, _ = orders_on(grid, DEV)
+    q, k, v = (apply_reorder(x, perm) for x in (q, k, v))
+    d = out.setdefault("ditlike_morton", {})
+    cpwt, cdrop = cfg_of("pwt", density, D), cfg_of("drop", density, D)
+    st, idx, vbias = kt.prepare(q, k, v, cpwt)
+    a, b = idx[..., 0::2, :].long(), idx[..., 1::2, :].long()
+    m = min(a.shape[-2], b.shape[-2])
+    a, b = a[..., :m, :], b[..., :m, :]
+    inter = ((a[..., :, None] == b[..., None, :]) & (a[..., :, None] >= 0)).any(-1).sum(-1).float()
+    d["adjacent_shared_fraction"] = float((inter / (a >= 0).sum(-1).clamp(min=1)).mean())
+    say("  adjacent query blocks share", d["adjacent_shared_fraction"])
+    outb = torch.empty_like(q)
+    timed(d, "attn_triton_drop_ms", lambda: ktf.attention(q, k, v, outb, st, idx, vbias, cdrop))
+    timed(d, "attn_triton_pwt_ms", lambda: ktf.attention(q, k, v, outb, st, idx, vbias, cpwt))
+    if "cute" in backends:
+        try:
+            from kernels.cute import fwd as kcf
+            timed(d, "attn_cute_drop_ms", lambda: kcf.attention(q, k, v, outb, st, idx, None, cdrop))
+            timed(d, "attn_cute_pwt_ms", lambda: kcf.attention(q, k, v, outb, st, idx, vbias, cpwt))
+            from kernels import cute as kc
+            timed(d, "full_cute_pwt_ms", lambda: kc.forward(q, k, v, cpwt))
+        except Exception as e:
+            d["cute"] = f"unavailable: {type(e).__name__}: {str(e)[:200]}"
+    timed(d, "full_triton_pwt_ms", lambda: kt.forward(q, k, v, cpwt))
+    del q, k, v, st, idx, vbias
+    empty()
+
+
+def morton(shape, grid, density, backends, out):
+    from kernels import piecewise_sparse_attention as psa
+    B, H, T, D = shape
+    q, k, v = (rnd(shape, s) for s in range(3))
+    d = out.setdefault("morton", {})
+    base = torch.cuda.memory_allocated() if DEV == "cuda" else 0
+    for be in backends:
+        for reorder in ("none", "morton"):
+            key = f"{be}_{reorder}"
+            kw = dict(density=density, variant="pwt", reorder=reorder, grid=grid if reorder == "morton" else None,
+                      backend=be, on_failure="raise")
+            timed(d, key + "_ms", lambda: psa(q, k, v, **kw))
+            if DEV == "cuda":
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                o = psa(q, k, v, **kw)
+                torch.cuda.synchronize()
+                d[key + "_peak_extra_x_q"] = ((torch.cuda.max_memory_allocated() - base - o.numel() * 2)
+                                              / (q.numel() * 2))
+                del o
+    say("  morton", d)
+    del q, k, v
+    empty()
+
+
+def flux_node(density, backends, out):
+    """FLUX.1 1024^2 as ComfyUI's override hands it over: [B, H, L, D], 512 text tokens first, a 64 x 64 grid."""
+    from kernels import piecewise_sparse_attention as psa
+    shape = (1, 24, 512 + 4096, 128) if DEV == "cuda" else (1, 2, 512 + 256, 64)
+    grid = (64, 64) if DEV == "cuda" else (16, 16)
+    q, k, v = (rnd(shape, s) for s in range(3))
+    d = out.setdefault("flux_node", {})
+    timed(d, "sdpa_ms", lambda: F.scaled_dot_product_attention(q, k, v))
+    for be in backends:
+        kw = dict(density=density, variant="pwt", n_sink_blocks=8, reorder="morton", grid=grid, n_prefix=512,
+                  backend=be, on_failure="raise")
+        timed(d, f"{be}_eager_ms", lambda: psa(q, k, v, **kw))
+        if DEV != "cuda":
+            continue
+        try:
+            g = torch.cuda.CUDAGraph()
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                psa(q, k, v, **kw)
+            torch.cuda.current_stream().wait_stream(s)
+            with torch.cuda.graph(g):
+                o = psa(q, k, v, **kw)
+            timed(d, f"{be}_graph_replay_ms", g.replay)
+            d[f"{be}_graph_equal_eager"] = bool(torch.equal(o, psa(q, k, v, **kw)))
+        except Exception as e:
+            d[f"{be}_graph"] = f"failed: {type(e).__name__}: {str(e)[:200]}"
+            say("  graph failed", d[f"{be}_graph"])
+    del q, k, v
+    empty()
+
+
+def breakeven(outdir):
+    """The node's sparse call (auto backend, Morton over a square image grid, 512 text tokens first as sink
+    blocks) vs dense SDPA, FLUX-like 24 heads: the table nodes/breakeven_h200.json the node's policy reads."""
+    from kernels import piecewise_sparse_attention as psa
+    rows = []
+    sides = (48, 64, 80, 96, 128) if DEV == "cuda" else (8, 12)
+    for side in sides:
+        T = 512 + side * side
+        shape = (1, 24, T, 128) if DEV == "cuda" else (1, 2, T, 64)
+        q, k, v = (rnd(shape, s) for s in range(3))
+        d = {}
+        dense = timed(d, f"T{T}_sdpa_ms", lambda: F.scaled_dot_product_attention(q, k, v))
+        for density in (0.125, 0.2, 0.3):
+            kw = dict(density=density, variant="pwt", n_sink_blocks=8, reorder="morton", grid=(side, side),
+                      n_prefix=512)
+            t = timed(d, f"T{T}_d{density}_ms", lambda: psa(q, k, v, **kw))
+            if isinstance(t, float) and isinstance(dense, float):
+                rows.append([T, density, round(t, 4), round(dense, 4)])
+        del q, k, v
+        empty()
+    gpu = torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu"
+    table = {"gpu": gpu, "date": RES["env"]["date"], "heads": 24, "head_dim": 128,
+             "what": "pwt via kernels.piecewise_sparse_attention (backend auto, Morton, 512 text tokens as 8 sink "
+                     "blocks) vs F.scaled_dot_product_attention, bf16, median ms (bench/pieces.py --breakeven)",
+             "rows": rows}
+    RES["breakeven"] = table
+    (outdir / "breakeven_h200.json").write_text(json.dumps(table, indent=1))
+
+
+def main(argv=None):
+    global REP
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", default="wan14,wan14_720,wan13,flux")
+    ap.add_argument("--backends", default="triton,cute")
+    ap.add_argument("--old", default=None, help="folder holding a package kernels_old (the previous kernels)")
+    ap.add_argument("--ditlike", action="store_true")
+    ap.add_argument("--morton", action="store_true")
+    ap.add_argument("--flux-node", action="store_true")
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--breakeven", action="store_true")
+    ap.add_argument("--rep", type=int, default=100)
+    ap.add_argument("--dry", action="store_true", help="CPU smoke test under TRITON_INTERPRET=1, tiny shapes")
+    a = ap.parse_args(argv)
+    REP = a.rep
+    global DEV, DT
+    if a.dry:
+        DEV, DT = "cpu", torch.float16
+        for key in SHAPES:
+            SHAPES[key] = (1, 2, 585, 64) if key != "flux" else (1, 2, 300, 64)
+        GRIDS.update({"wan14": (5, 117), "wan13": (5, 117), "wan14_720": (5, 117)})
+    outdir = Path(a.out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    backends = [b for b in a.backends.split(",") if b]
+    RES["env"] = {"gpu": torch.cuda.get_device_properties(0).name if DEV == "cuda" else "cpu (dry run)", "torch": torch.__version__, "triton": triton.__version__,
+                  "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    try:
+        import cutlass
+        RES["env"]["cutlass_dsl"] = getattr(cutlass, "__version__", "?")
+    except Exception:
+        pass
+    RES["ceilings"] = ceilings()
+    bw = RES["ceilings"]["copy_TBps"] * 1e3  # GB/s
+    pkgs = ["kernels"]
+    if a.old:
+        sys.path.insert(0, a.old)
+        pkgs.append("kernels_old")
+    for sname in [s for s in a.shapes.split(",") if s]:
+        shape = SHAPES[sname]
+        density = 0.2 if sname == "flux" else 0.125
+        q, k, v = (rnd(shape, s) for s in range(3))
+        out = RES["shapes"].setdefault(sname, {"shape": list(shape), "density": density})
+        say(f"=== {sname} {shape} density {density}")
+        for pkg in pkgs:
+            try:
+                pieces("new" if pkg == "kernels" else "old", pkg, backends, q, k, v, density, bw, out)
+            except Exception:
+                out[pkg + "_error"] = traceback.format_exc()
+                traceback.print_exc()
+        if a.sweep and sname in ("wan14", "wan14_720", "flux"):
+            try:
+                sweep(q, k, v, density, out)
+            except Exception:
+                out["sweep_error"] = traceback.format_exc()
+                traceback.print_exc()
+        del q, k, v
+        empty()
+        try:
+            if a.ditlike and sname in ("wan14", "wan13"):
+                ditlike(shape, GRIDS[sname], density, backends, out)
+            if a.morton and sname != "flux":
+                morton(shape, GRIDS[sname], density, backends, out)
+        except Exception:
+            out["extra_error"] = traceback.format_exc()
+            traceback.print_exc()
+        (outdir / "pieces.json").write_text(json.dumps(RES, indent=1, default=str))
+    if a.breakeven:
+        try:
+            breakeven(outdir)
+        except Exception:
+            RES["breakeven_error"] = traceback.format_exc()
+            traceback.print_exc()
+    if a.flux_node:
+        try:
+            flux_node(0.2, backends, RES)
+        except Exception:
+            RES["flux_node_error"] = traceback.format_exc()
+            traceback.print_exc()
+    (outdir / "pieces.json").write_text(json.dumps(RES, indent=1, default=str))
+    print("\nshape     pkg  stats(pwt/drop)  routing  attn_tri(drop/pwt)  attn_cute(drop/pwt)  full(tri/cute)")
+    for sname, out in RES["shapes"].items():
+        for lab in ("old", "new"):
+            d = out.get(lab)
+            if not d:
+                continue
+
+            def f(key):
+                x = d.get(key)
+                return f"{x:.3f}" if isinstance(x, float) else "-"
+            print(f"{sname:9s} {lab}  {f('stats_pwt_ms')}/{f('stats_drop_ms')}  {f('routing_pwt_ms')}  "
+                  f"{f('attn_triton_drop_ms')}/{f('attn_triton_pwt_ms')}  {f('attn_cute_drop_ms')}/"
+                  f"{f('attn_cute_pwt_ms')}  {f('full_triton_pwt_ms')}/{f('full_cute_pwt_ms')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""The sampling step of an attention call: the current sigma against `sample_sigmas` (a pass that starts where
+the previous one left off with leftover noise continues its step count). The token grid of a forward per model
+family is nodes/models.py's.
+
+No ComfyUI import; nodes/patch.py uses these per attention call and per forward.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from . import policy
+
+
+_SCHEDULES: dict[tuple, tuple[weakref.ref, list[float]]] = {}
+
+
+def sigma_and_step(to: dict) -> tuple[float | None, tuple[int, int] | None]:
+    """The current sigma and (step, n_steps) from transformer_options; the schedule is read from the device
+    once per run (cached by tensor identity), not once per attention call."""
+    sig_t = to.get("sigmas")
+    if not isinstance(sig_t, torch.Tensor) or not sig_t.numel():
+        return None, None
+    sigma = float(sig_t.detach().flatten()[0])
+    sched = to.get("sample_sigmas")
+    if isinstance(sched, torch.Tensor):
+        key = (id(sched), sched.data_ptr(), sched.numel())
+        hit = _SCHEDULES.get(key)
+        # a freed schedule's id and storage can be recycled by the next run's: check it is the same tensor
+        if hit is None or hit[0]() is not sched:
+            if len(_SCHEDULES) > 64:
+                _SCHEDULES.clear()
+            values = [float(x) for x in sched.detach().float().cpu().tolist()]
+            hit = _SCHEDULES[key] = (weakref.ref(sched), values, _pass_offset(values))
+        sched, offset = hit[1], hit[2]
+        step = policy.step_of(sigma, sched)
+        return sigma, None if step is None else (step[0] + offset, step[1] + offset)
+    return sigma, policy.step_of(sigma, sched)
+
+
+# the last schedule seen: (its last sigma, steps done by its end). A pass that starts where the previous one
+# stopped with leftover noise (two KSamplerAdvanced, Wan2.2 high/low noise models) continues its step count.
+_LAST_PASS: list = [None]
+
+
+def _pass_offset(values: list[float]) -> int:
+    offset = 0
+    last = _LAST_PASS[0]
+    if last is not None and len(values) >= 2 and last[0] > 0.0:
+        if abs(values[0] - last[0]) <= 1e-5 * max(1.0, abs(last[0])):
+            offset = last[1]
+    if len(values) >= 2:
+        _LAST_PASS[0] = (values[-1], offset + len(values) - 1)
+    return offset

@@ -1,0 +1,259 @@
+"""Per model family: which blocks there are, and the token layout of one forward.
+
+`model_spec(model)` finds the family from the diffusion model's class hierarchy (policy.model_family) and
+reads the block counts from the model itself. `forward_info(family, diffusion_model, args, kwargs)` reads,
+from the arguments of one forward (the DIFFUSION_MODEL wrapper's), how the tokens of a joint self-attention
+call are laid out:
+
+    [ n_prefix exact tokens | prod(grid) latent tokens in raster order | n_suffix exact tokens ]
+
+Prefix/suffix are text (FLUX, FLUX.2, Qwen-Image, Z-Image, HunyuanVideo 1.5: in front; HunyuanVideo on
+ComfyUI <= 0.3.x: text last) or pad tokens (Z-Image pads the image to a multiple of 32 tokens at the end).
+Other self-attention calls of the forward whose length is known (a text refiner, Z-Image's image refiner,
+LTX-2's audio stream) are named in `side` so the policy keeps them dense without a warning.
+
+`token_order(...)` gives the one permutation the node applies when text sits behind the latent tokens: the
+exact tokens first, then the latent tokens (Morton or raster), inverted on the output; the operator then sees
+an ordinary prefix of sink blocks. No ComfyUI import here.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from ..kernels.reorder import morton_order
+from . import policy
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    family: str | None
+    reason: str | None  # why the model passes through dense (family None)
+    total_blocks: int = 0
+    n_double: int = 0  # blocks numbered per type: single-stream block i is global block n_double + i
+
+
+def _hierarchy(obj) -> list[tuple[str, str]]:
+    return [(c.__module__, c.__name__) for c in type(obj).__mro__]
+
+
+def model_spec(model) -> ModelSpec:
+    """Family and block counts of a ComfyUI ModelPatcher (anything with .model.diffusion_model)."""
+    base = getattr(model, "model", None)
+    dm = getattr(base, "diffusion_model", None)
+    family, reason = policy.model_family(_hierarchy(dm), f"{type(base).__name__} ({type(dm).__name__})")
+    if family is None:
+        return ModelSpec(None, reason)
+    try:
+        if family == "wan":
+            return ModelSpec(family, None, len(dm.blocks))
+        if family in ("flux", "hunyuan_video"):
+            return ModelSpec(family, None, len(dm.double_blocks) + len(dm.single_blocks), len(dm.double_blocks))
+        if family == "qwen_image":
+            return ModelSpec(family, None, len(dm.transformer_blocks))
+        if family == "lumina2":
+            return ModelSpec(family, None, len(dm.layers))
+        if family == "ltxv":
+            return ModelSpec(family, None, len(dm.transformer_blocks))
+    except (AttributeError, TypeError) as e:  # a class of the family with another structure
+        return ModelSpec(None, f"{type(base).__name__} ({type(dm).__name__}) has no block list of the "
+                               f"{family} layout ({e}); attention stays dense")
+    return ModelSpec(None, f"unknown family {family}")
+
+
+def block_modules(family: str, dm) -> list:
+    """The transformer blocks of a diffusion model in global block order (the numbering of model_spec: single
+    blocks after the double ones), [] when the structure is not the family's."""
+    try:
+        if family == "wan":
+            return list(dm.blocks)
+        if family in ("flux", "hunyuan_video"):
+            return list(dm.double_blocks) + list(dm.single_blocks)
+        if family in ("qwen_image", "ltxv"):
+            return list(dm.transformer_blocks)
+        if family == "lumina2":
+            return list(dm.layers)
+    except (AttributeError, TypeError):
+        pass
+    return []
+
+
+@dataclass(frozen=True)
+class ForwardInfo:
+    family: str
+    grid: tuple[int, ...] | None  # the latent token grid
+    n_prefix: int  # exact tokens before the grid
+    reason: str | None = None  # the whole forward stays dense (with this reason)
+    sigma: float | None = None  # read once per forward: on a GPU each read of a tensor is a device sync
+    step: tuple[int, int] | None = None
+    timing_known: bool = False
+    sigmas: tuple[float, ...] | None = None  # each sample's sigma (read while training: per-sample decisions)
+    n_suffix: int = 0  # exact tokens after the grid
+    side: tuple[tuple[int, str], ...] = ()  # (length, policy.SIDE_STREAMS key) of other self-attention calls
+
+    @property
+    def n_tokens(self) -> int | None:
+        return None if self.grid is None else self.n_prefix + math.prod(self.grid) + self.n_suffix
+
+    def side_stream(self, q_len: int) -> str | None:
+        for n, kind in self.side:
+            if n == q_len and n != self.n_tokens:
+                return kind
+        return None
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-int(a) // int(b))
+
+
+def _arg(args, kwargs, i: int, name: str):
+    return args[i] if len(args) > i else kwargs.get(name)
+
+
+def _len(t) -> int:
+    return int(t.shape[-2]) if isinstance(t, torch.Tensor) and t.dim() >= 2 else 0
+
+
+def _patch(dm, n: int, default) -> tuple[int, ...]:
+    p = getattr(dm, "patch_size", default)
+    p = tuple(p) if isinstance(p, (tuple, list)) else (int(p),) * n
+    return p[-n:] if len(p) >= n else (1,) * (n - len(p)) + p
+
+
+def _grid(shape, patch) -> tuple[int, ...]:
+    return tuple(_ceil_div(s, p) for s, p in zip(shape, patch))
+
+
+def forward_info(family: str, diffusion_model, args, kwargs) -> ForwardInfo:
+    """Token layout of one forward from the diffusion model's own arguments (ComfyUI 0.3.x and 0.33)."""
+    x = _arg(args, kwargs, 0, "x")
+    context = _arg(args, kwargs, 2, "context")
+    fn = _LAYOUTS.get(family)
+    if fn is None:
+        return ForwardInfo(family, None, 0, f"unknown family {family}")
+    if family == "ltxv" and isinstance(x, (list, tuple)) and x and isinstance(x[0], torch.Tensor):
+        pass  # LTX-2 passes [video, audio]
+    elif not isinstance(x, torch.Tensor):
+        return ForwardInfo(family, None, 0, "latent not a tensor")
+    return fn(diffusion_model, x, context, args, kwargs)
+
+
+def _wan(dm, x, context, args, kwargs) -> ForwardInfo:
+    if x.dim() != 5:
+        return ForwardInfo("wan", None, 0, f"Wan latent of rank {x.dim()}, expected 5")
+    p = _patch(dm, 3, (1, 2, 2))
+    t = x.shape[2]
+    tdc = _arg(args, kwargs, 4, "time_dim_concat")
+    if isinstance(tdc, torch.Tensor):
+        t = _ceil_div(t, p[0]) * p[0] + tdc.shape[2]
+    grid = _grid((t, x.shape[3], x.shape[4]), p)
+    reason = None
+    if isinstance(context, torch.Tensor) and context.shape[1] == math.prod(grid):
+        # old ComfyUI has no block index: self and cross-attention would be indistinguishable
+        reason = (f"the text context has as many tokens as the video ({context.shape[1]}); this ComfyUI "
+                  f"gives no block index, so self- and cross-attention cannot be told apart")
+    return ForwardInfo("wan", grid, 0, reason)
+
+
+def _flux(dm, x, context, args, kwargs) -> ForwardInfo:
+    # FLUX.1 (patch 2 over a 16-channel latent) and FLUX.2 (patch 1 over a 128-channel latent): text first
+    if x.dim() != 4:
+        return ForwardInfo("flux", None, 0, f"FLUX latent of rank {x.dim()}, expected 4")
+    return ForwardInfo("flux", _grid(x.shape[2:], _patch(dm, 2, 2)), _len(context))
+
+
+def _qwen_image(dm, x, context, args, kwargs) -> ForwardInfo:
+    # [B, C, T, H, W] (T = 1 for an image; the layered variant stacks T images); text first
+    if x.dim() not in (4, 5):
+        return ForwardInfo("qwen_image", None, 0, f"Qwen-Image latent of rank {x.dim()}, expected 4 or 5")
+    hw = _grid(x.shape[-2:], _patch(dm, 2, 2))
+    t = x.shape[2] if x.dim() == 5 else 1
+    return ForwardInfo("qwen_image", hw if t == 1 else (t, *hw), _len(context))
+
+
+def _lumina2(dm, x, context, args, kwargs) -> ForwardInfo:
+    # main layers: [caption | image | pad]; Z-Image pads caption and image each to a multiple of
+    # pad_tokens_multiple (32). Before them the caption refiner sees the caption alone, the noise refiner the
+    # padded image alone.
+    if x.dim() != 4:
+        return ForwardInfo("lumina2", None, 0, f"Lumina 2 / Z-Image latent of rank {x.dim()}, expected 4")
+    grid = _grid(x.shape[-2:], _patch(dm, 2, 2))
+    m = getattr(dm, "pad_tokens_multiple", None) or 1
+    cap = _len(context) if isinstance(context, torch.Tensor) else 0
+    cap = cap + (-cap) % m if cap else (m if m > 1 else 0)
+    pad = (-math.prod(grid)) % m
+    return ForwardInfo("lumina2", grid, cap, n_suffix=pad,
+                       side=((cap, "text"), (math.prod(grid) + pad, "image")))
+
+
+def _hunyuan_video(dm, x, context, args, kwargs) -> ForwardInfo:
+    # text = the refined prompt + ByT5 glyph tokens + vision tokens (1.5 i2v). In ComfyUI 0.33 the text comes
+    # first in double and single blocks; ComfyUI 0.3.x (HunyuanVideo 1.0, `flipped_img_txt`) puts it last.
+    ps = getattr(dm, "patch_size", None)
+    nd = len(ps) if isinstance(ps, (list, tuple)) and len(ps) in (2, 3) else 3  # 2: HunyuanImage 2.1
+    if x.dim() != nd + 2:
+        return ForwardInfo("hunyuan_video", None, 0, f"HunyuanVideo latent of rank {x.dim()}, expected {nd + 2}")
+    grid = _grid(x.shape[2:], _patch(dm, nd, (1, 2, 2)))
+    n_ctx = _len(context)
+    n_txt = n_ctx
+    if getattr(dm, "byt5_in", None) is not None:
+        n_txt += _len(_arg(args, kwargs, 4, "txt_byt5"))
+    if getattr(dm, "vision_in", None) is not None:
+        n_txt += _len(_arg(args, kwargs, 5, "clip_fea"))
+    blocks = getattr(dm, "double_blocks", None)
+    text_last = bool(blocks) and bool(getattr(blocks[0], "flipped_img_txt", False))
+    side = ((n_ctx, "text"),)  # the token refiner (txt_in) attends over the prompt alone
+    if text_last:
+        return ForwardInfo("hunyuan_video", grid, 0, n_suffix=n_txt, side=side)
+    return ForwardInfo("hunyuan_video", grid, n_txt, side=side)
+
+
+def _ltxv(dm, x, context, args, kwargs) -> ForwardInfo:
+    # video self-attention over the latent grid only (text enters by cross-attention); LTX-2 (LTXAV) passes
+    # [video, audio] and runs a separate audio self-attention over the audio frames
+    vx = x[0] if isinstance(x, (list, tuple)) else x
+    if vx.dim() != 5:
+        return ForwardInfo("ltxv", None, 0, f"LTX latent of rank {vx.dim()}, expected 5")
+    patchifier = getattr(dm, "patchifier", None)
+    p = tuple(getattr(patchifier, "_patch_size", None) or getattr(patchifier, "patch_size", None) or (1, 1, 1))
+    p = p if len(p) == 3 else (1, 1, 1)
+    grid = _grid(vx.shape[2:], p)
+    side = ()
+    if isinstance(x, (list, tuple)) and len(x) > 1 and isinstance(x[1], torch.Tensor) and x[1].dim() == 4:
+        side = ((int(x[1].shape[2]), "audio"),)
+    return ForwardInfo("ltxv", grid, 0, side=side)
+
+
+_LAYOUTS = {"wan": _wan, "flux": _flux, "qwen_image": _qwen_image, "lumina2": _lumina2,
+            "hunyuan_video": _hunyuan_video, "ltxv": _ltxv}
+
+
+# ---------------------------------------------------------------------------------------------------
+# one token permutation for layouts with exact tokens behind the grid
+
+_order_lock = threading.Lock()
+_ORDERS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def token_order(n_prefix: int, grid, n_suffix: int, morton: bool, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(perm, inv) over all T = n_prefix + prod(grid) + n_suffix tokens: x[..., perm, :] puts the prefix, then
+    the suffix, then the grid tokens (Morton order when `morton`) in a row; y[..., inv, :] undoes it. Cached per
+    (layout, device)."""
+    grid = tuple(int(g) for g in grid)
+    key = (int(n_prefix), grid, int(n_suffix), bool(morton), str(device))
+    hit = _ORDERS.get(key)
+    if hit is None:
+        n_grid = math.prod(grid)
+        inner = morton_order(grid) if morton else torch.arange(n_grid)
+        perm = torch.cat([torch.arange(n_prefix), torch.arange(n_prefix + n_grid, n_prefix + n_grid + n_suffix),
+                          n_prefix + inner])
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(perm.numel())
+        with _order_lock:
+            if len(_ORDERS) > 64:
+                _ORDERS.clear()
+            hit = _ORDERS[key] = (perm.to(device), inv.to(device))
+    return hit
