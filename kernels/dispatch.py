@@ -89,8 +89,8 @@ def grad_reason(name: str, *tensors) -> str | None:
         return None
     if not any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
         return None
-    return (f"the {name} backend has no backward yet and q, k or v requires grad; backend='triton' or 'torch' "
-            f"(or 'auto') differentiates, torch.no_grad() needs no backward")
+    return (f"the {name} backend has no backward yet and q, k or v requires grad; backend='torch' (or 'triton', "
+            f"or 'auto') differentiates, torch.no_grad() needs no backward")
 
 
 def select_backend(q, cfg, requested: str = "auto", *, k=None, v=None) -> tuple[str, str | None]:

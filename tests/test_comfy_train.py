@@ -13,12 +13,14 @@ import pytest
 from comfy_server import skip_without_comfyui
 
 pytestmark = pytest.mark.comfy
+COMFY_VERSIONED = True  # every test runs against each ComfyUI version (tests/conftest.py)
+COMFY_INPROC = True
 
 skip_without_comfyui()
 
 import torch  # noqa: E402
 
-from comfy_inproc import FLUX_TINY, WAN_TINY, import_comfy, init_weights, load_pack  # noqa: E402
+from comfy_inproc import WAN_TINY, flux_config, import_comfy, init_weights, load_pack  # noqa: E402
 
 import_comfy()
 load_pack()
@@ -32,11 +34,7 @@ CPU = torch.device("cpu")
 
 def _patcher(family: str):
     if family == "flux":
-        import dataclasses
-
-        from comfy.ldm.flux.model import FluxParams
-        extra = {"txt_ids_dims": []} if "txt_ids_dims" in {f.name for f in dataclasses.fields(FluxParams)} else {}
-        mc = comfy.supported_models.Flux(dict(FLUX_TINY, image_model="flux", **extra))  # 0.33 needs txt_ids_dims
+        mc = comfy.supported_models.Flux(dict(flux_config(), image_model="flux"))
     else:
         mc = comfy.supported_models.WAN21_T2V(dict(WAN_TINY, image_model="wan2.1"))
     mb = mc.get_model({}, device=CPU)

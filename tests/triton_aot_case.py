@@ -53,7 +53,7 @@ def compile_one(name, fn, types, constexprs, warps, stages):
 common = dict(D=128, BS=64)
 scal = {"qk_scale": "fp32", "scale": "fp32"}
 dq_types = {**{n: BF for n in ("Q", "K", "V", "DO", "DQ", "KBAR", "VMEAN", "HBAR")},
-            **{n: F32 for n in ("LSE", "DELTA", "DQ2", "GSUM", "CZ")}, "ROW_OFF": I32, "ROW_J": I32,
+            **{n: F32 for n in ("LSE", "DELTA", "DQ2", "GSUM", "CZ", "HSCALE")}, "ROW_OFF": I32, "ROW_J": I32,
             "VBIAS": "*fp16", **scal}
 for var, (ap, pw) in {"pwt": (True, True), "pisa": (True, False), "drop": (False, False)}.items():
     compile_one(f"dq_{var}", bwd._dq_kernel, dq_types, dict(common, BLOCK_V=64, APPROX=ap, PWT=pw), 8, 2)
@@ -67,10 +67,11 @@ virt_types = {**{n: BF for n in ("Q", "DO", "KBAR", "VMEAN")},
 for bv in (32, 64):
     compile_one(f"virt_pwt_bv{bv}", bwd._virt_kernel, virt_types, dict(common, BLOCK_V=bv, ATOMIC=True, PWT=True), 8, 2)
 compile_one("dh", bwd._dh_kernel, {"Q": BF, "DO": BF, "GSUM": F32, "DH": F32, "scale": "fp32"}, dict(common), 8, 2)
-compile_one("rows", bwd._rows_kernel, {"Q": BF, "O": BF, "DO": BF, "HBAR": BF, "DELTA": F32, "CZ": F32,
+compile_one("rows", bwd._rows_kernel, {"Q": BF, "O": BF, "DO": BF, "HBAR": BF, "HSCALE": F32, "DELTA": F32, "CZ": F32,
                                        "scale": "fp32"}, dict(common, APPROX=True), 8, 1)
 fwd_types = {**{n: BF for n in ("Q", "K", "V", "O", "KBAR", "VMEAN", "HBAR", "KD", "VD")}, "VBIAS": "*fp16",
-             "IDX": I32, "PERM": I32, "LSE": F32, **scal}
+             "IDX": I32, "PERM": I32, "LSE": F32, "HSCALE": F32, "out_max": "fp32", **scal}
 compile_one("fwd_pwt_store_lse", fwd._psa_fwd_kernel, fwd_types,
-            dict(common, BLOCK_N=64, BLOCK_V=64, APPROX=True, HAS_PERM=False, USE_TMA=False, STORE_LSE=True), 4, 2)
+            dict(common, BLOCK_N=64, BLOCK_V=64, APPROX=True, HAS_PERM=False, USE_TMA=False, HAS_HSCALE=False,
+                 STORE_LSE=True), 4, 2)
 print("RESULTS_JSON " + json.dumps(RES))

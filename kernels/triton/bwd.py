@@ -42,9 +42,10 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @triton.jit
-def _rows_kernel(Q, O, DO, HBAR, DELTA, CZ, sq_b, sq_h, sq_t, so_b, so_h, so_t, sd_b, sd_h, sd_t, HC, T, scale,
-                 D: tl.constexpr, BS: tl.constexpr, APPROX: tl.constexpr):
-    """Per row: Delta_t = do_t . o_t and (pisa / pwt) s do_t . z_t with z_t = q_t H-bar."""
+def _rows_kernel(Q, O, DO, HBAR, HSCALE, DELTA, CZ, sq_b, sq_h, sq_t, so_b, so_h, so_t, sd_b, sd_h, sd_t, HC, T,
+                 scale, D: tl.constexpr, BS: tl.constexpr, APPROX: tl.constexpr):
+    """Per row: Delta_t = do_t . o_t and (pisa / pwt) s do_t . z_t with z_t = q_t H-bar (HBAR holds
+    H-bar / HSCALE, HSCALE per head: float16's range)."""
     i_m, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh = i_b * HC + i_h
     o_t = i_m * BS + tl.arange(0, BS)
@@ -56,13 +57,14 @@ def _rows_kernel(Q, O, DO, HBAR, DELTA, CZ, sq_b, sq_h, sq_t, so_b, so_h, so_t, 
     if APPROX:
         b_q = tl.load(Q + i_b * sq_b + i_h * sq_h + o_t[:, None] * sq_t + o_d[None, :], mask=m_t[:, None], other=0.0)
         b_hb = tl.load(HBAR + i_bh * D * D + o_d[:, None] * D + o_d[None, :])  # [D, D]
-        b_z = tl.dot(b_q, b_hb)  # [BS, D]
-        tl.store(CZ + i_bh * T + o_t, scale * tl.sum(b_do.to(tl.float32) * b_z, axis=1), mask=m_t)
+        b_z = tl.dot(b_q, b_hb)  # [BS, D]  q H-bar / HSCALE
+        b_cz = tl.sum(b_do.to(tl.float32) * b_z, axis=1) * (scale * tl.load(HSCALE + i_bh))
+        tl.store(CZ + i_bh * T + o_t, b_cz, mask=m_t)
 
 
 @triton.jit
 def _dq_kernel(
-    Q, K, V, DO, DQ, LSE, DELTA, ROW_OFF, ROW_J, KBAR, VMEAN, HBAR, VBIAS, DQ2, GSUM, CZ,
+    Q, K, V, DO, DQ, LSE, DELTA, ROW_OFF, ROW_J, KBAR, VMEAN, HBAR, HSCALE, VBIAS, DQ2, GSUM, CZ,
     sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t, sdo_b, sdo_h, sdo_t, sdq_b, sdq_h, sdq_t,
     HC, T, N, N_VIRT, qk_scale, scale,
     D: tl.constexpr, BS: tl.constexpr, BLOCK_V: tl.constexpr, APPROX: tl.constexpr, PWT: tl.constexpr,
@@ -131,7 +133,7 @@ def _dq_kernel(
         # first-order term: dz_t = s G_t do_t, dq_t += dz_t H-bar^T (H-bar loaded again: a [D, D] tile held
         # across the loop would only cost registers)
         b_hb = tl.load(HBAR + i_bh * D * D + o_d[:, None] * D + o_d[None, :])
-        b_dq += tl.dot(b_do, tl.trans(b_hb)) * (scale * b_g)[:, None]
+        b_dq += tl.dot(b_do, tl.trans(b_hb)) * (scale * tl.load(HSCALE + i_bh) * b_g)[:, None]
         tl.store(GSUM + i_bh * T + o_tq, b_g, mask=m_tq)
     else:
         b_dq = b_dq * scale
@@ -347,7 +349,8 @@ def attention_backward(do, q, k, v, o, lse, vbias, st, cfg, dq, dk, dv, prof=Non
     """dq, dk, dv (written in place, [B, HC, T, D] views) of one head chunk.
 
     lse: float32 [B, HC, T] (fwd.attention(..., lse=)), vbias [B, HC, N, N] contiguous (the forward's bias
-    rows), st: the forward's statistics (kbar_lp, vmean_lp, hbar_lp; q2, ksig2 for pwt), all contiguous.
+    rows), st: the forward's statistics (kbar_lp, vmean_lp, hbar_lp and its per-head scale hbar_scale
+    [B, HC] float32; q2, ksig2 for pwt), all contiguous.
     prof: optional list that receives (stage, CUDA event) pairs, for timing the stages."""
     B, HC, T, D = q.shape
     bs = cfg.block_size
@@ -371,8 +374,9 @@ def attention_backward(do, q, k, v, o, lse, vbias, st, cfg, dq, dk, dv, prof=Non
     delta = torch.empty(B, HC, T, device=dev, dtype=f32)
     cz = torch.empty(B, HC, T, device=dev, dtype=f32) if approx else delta
     hbar = st.hbar_lp if approx else delta
+    hscale = st.hbar_scale if approx else delta  # [B, HC] float32: H-bar = hbar_lp * hscale
     _rows_kernel[(n, HC, B)](
-        q, o, do, hbar, delta, cz, q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1), o.stride(2),
+        q, o, do, hbar, hscale, delta, cz, q.stride(0), q.stride(1), q.stride(2), o.stride(0), o.stride(1), o.stride(2),
         do.stride(0), do.stride(1), do.stride(2), HC, T, s, D=D, BS=bs, APPROX=approx,
         num_warps=4 if _INTERPRET else 8, num_stages=1)
     _mark(prof, "rows")
@@ -410,7 +414,7 @@ def attention_backward(do, q, k, v, o, lse, vbias, st, cfg, dq, dk, dv, prof=Non
     gsum = torch.empty(B, HC, T, device=dev, dtype=f32) if approx else dummy
     _dq_tuned[(n, HC, B)](
         q, k, v, do, dq, lse, delta, row_off, row_j,
-        st.kbar_lp if approx else dummy, st.vmean_lp if approx else dummy, hbar, vbias, dq2, gsum, cz,
+        st.kbar_lp if approx else dummy, st.vmean_lp if approx else dummy, hbar, hscale, vbias, dq2, gsum, cz,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
         dq.stride(0), dq.stride(1), dq.stride(2),

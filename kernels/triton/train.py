@@ -81,8 +81,13 @@ def forward_saving(q, k, v, cfg: SparseConfig, *, routing=None):
             return torch.empty(0, device=q.device, dtype=torch.float32)
         return cat([_contig(getattr(p[1], name)) for p in parts])
 
+    if approx:  # H-bar = hbar_lp * hbar_scale (a per-head power of two for float16's range; 1 otherwise)
+        for p in parts:
+            if getattr(p[1], "hbar_scale", None) is None:
+                p[1].hbar_scale = torch.ones(p[1].hbar_lp.shape[:2], device=q.device, dtype=torch.float32)
     stats = SimpleNamespace(kbar_lp=gather("kbar_lp", approx), vmean_lp=gather("vmean_lp", approx),
-                            hbar_lp=gather("hbar_lp", approx), q2=gather("q2", pwt), ksig2=gather("ksig2", pwt))
+                            hbar_lp=gather("hbar_lp", approx), hbar_scale=gather("hbar_scale", approx),
+                            q2=gather("q2", pwt), ksig2=gather("ksig2", pwt))
     return out, lse, vbias, stats
 
 
@@ -106,6 +111,7 @@ def backward(do, q, k, v, out, lse, vbias, stats, cfg: SparseConfig, prof=None):
             kbar_lp=_contig(stats.kbar_lp[sl]) if approx else None,
             vmean_lp=_contig(stats.vmean_lp[sl]) if approx else None,
             hbar_lp=_contig(stats.hbar_lp[sl]) if approx else None,
+            hbar_scale=_contig(stats.hbar_scale[sl]) if approx else None,
             q2=_contig(stats.q2[sl]) if pwt else None, ksig2=_contig(stats.ksig2[sl]) if pwt else None)
         _bwd.attention_backward(do[sl], q[sl], k[sl], v[sl], out[sl], _contig(lse[sl]), _contig(vbias[sl]), st,
                                 cfg, dq[sl], dk[sl], dv[sl], prof=prof)
@@ -121,10 +127,10 @@ def _cfg(density, variant, band, n_sink_blocks, cov_bias, block_size, scale) -> 
 def _train_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, density: float, variant: str, band: int,
                   n_sink_blocks: int, cov_bias: bool, block_size: int, scale: float
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                             torch.Tensor, torch.Tensor]:
+                             torch.Tensor, torch.Tensor, torch.Tensor]:
     cfg = _cfg(density, variant, band, n_sink_blocks, cov_bias, block_size, scale)
     out, lse, vbias, st = forward_saving(q, k, v, cfg)
-    return out, lse, vbias, st.kbar_lp, st.vmean_lp, st.hbar_lp, st.q2, st.ksig2
+    return out, lse, vbias, st.kbar_lp, st.vmean_lp, st.hbar_lp, st.hbar_scale, st.q2, st.ksig2
 
 
 @_train_fwd_op.register_fake
@@ -135,37 +141,36 @@ def _(q, k, v, density, variant, band, n_sink_blocks, cov_bias, block_size, scal
     bias_dt = torch.float16 if q.dtype in (torch.float16, torch.bfloat16) else torch.float32
     lp = (lambda *shape: q.new_empty(shape)) if approx else (lambda *shape: q.new_empty((0,), dtype=torch.float32))
     f32 = (lambda *shape: q.new_empty(shape if variant == "pwt" else (0,), dtype=torch.float32))
+    hs = q.new_empty((B, H) if approx else (0,), dtype=torch.float32)
     return (q.new_empty(q.shape), q.new_empty((B, H, T), dtype=torch.float32), q.new_empty((B, H, n, n), dtype=bias_dt),
-            lp(B, H, n, D), lp(B, H, n, D), lp(B, H, D, D), f32(B, H, n, D), f32(B, H, n, D))
+            lp(B, H, n, D), lp(B, H, n, D), lp(B, H, D, D), hs, f32(B, H, n, D), f32(B, H, n, D))
 
 
 @torch.library.custom_op("psa::triton_train_bwd", mutates_args=())
 def _train_bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                   lse: torch.Tensor, vbias: torch.Tensor, kbar_lp: torch.Tensor, vmean_lp: torch.Tensor,
-                  hbar_lp: torch.Tensor, q2: torch.Tensor, ksig2: torch.Tensor, variant: str, block_size: int,
-                  scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  hbar_lp: torch.Tensor, hbar_scale: torch.Tensor, q2: torch.Tensor, ksig2: torch.Tensor, variant: str,
+                  block_size: int, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     cfg = _cfg(1.0, variant, 0, 0, False, block_size, scale)  # density/band only route: unused here
-    st = SimpleNamespace(kbar_lp=kbar_lp, vmean_lp=vmean_lp, hbar_lp=hbar_lp, q2=q2, ksig2=ksig2)
+    st = SimpleNamespace(kbar_lp=kbar_lp, vmean_lp=vmean_lp, hbar_lp=hbar_lp, hbar_scale=hbar_scale, q2=q2,
+                         ksig2=ksig2)
     return backward(do, q, k, v, out, lse, vbias, st, cfg)
 
 
 @_train_bwd_op.register_fake
-def _(do, q, k, v, out, lse, vbias, kbar_lp, vmean_lp, hbar_lp, q2, ksig2, variant, block_size, scale):
+def _(do, q, k, v, out, lse, vbias, kbar_lp, vmean_lp, hbar_lp, hbar_scale, q2, ksig2, variant, block_size, scale):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, density, variant, band, n_sink_blocks, cov_bias, block_size, scale = inputs
-    out, lse, vbias, kbar_lp, vmean_lp, hbar_lp, q2, ksig2 = output
-    ctx.save_for_backward(q, k, v, out, lse, vbias, kbar_lp, vmean_lp, hbar_lp, q2, ksig2)
+    ctx.save_for_backward(q, k, v, *output)
     ctx.meta = (variant, block_size, scale)
 
 
 def _backward(ctx, dout, *unused):
-    q, k, v, out, lse, vbias, kbar_lp, vmean_lp, hbar_lp, q2, ksig2 = ctx.saved_tensors
     variant, block_size, scale = ctx.meta
-    dq, dk, dv = _train_bwd_op(dout, q, k, v, out, lse, vbias, kbar_lp, vmean_lp, hbar_lp, q2, ksig2,
-                               variant, block_size, scale)
+    dq, dk, dv = _train_bwd_op(dout, *ctx.saved_tensors, variant, block_size, scale)
     return dq, dk, dv, None, None, None, None, None, None, None
 
 
