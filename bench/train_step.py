@@ -19,6 +19,9 @@ Sections (fixed order; each is skipped, and says so, once --budget-s seconds hav
              and with the first / last block dense. Needs --comfy (a ComfyUI copy; its comfy/ folder is enough).
 Timing: median of --repeats calls after one warm-up call (autotune, compile), each between two CUDA events.
 Writes DIR/train_step.json and DIR/train_step.md; prints the table last.
+
+    python bench/train_step.py --out DIR --tiny [--comfy PATH]     (CPU smoke test of this script: the Triton
+                                                                    kernels under TRITON_INTERPRET=1, tiny shapes)
 """
 from __future__ import annotations
 
@@ -30,8 +33,12 @@ import statistics
 import sys
 import time
 import traceback
+import os
 from pathlib import Path
 
+TINY = "--tiny" in sys.argv
+if TINY:  # before triton is imported
+    os.environ["TRITON_INTERPRET"] = "1"
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
@@ -41,8 +48,11 @@ import torch.nn.functional as F  # noqa: E402
 
 from kernels.config import SparseConfig  # noqa: E402
 
-DEV = "cuda"
-SHAPES = {"wan1.3b_480p": (1, 12, 32760, 128), "wan14b_480p": (1, 40, 32760, 128)}
+DEV = "cpu" if TINY else "cuda"
+DT = torch.float32 if TINY else torch.bfloat16  # the interpreter's tl.dot is wrong on bfloat16
+SHAPES = ({"tiny_a": (1, 2, 300, 64), "tiny_b": (1, 3, 200, 64)} if TINY else
+          {"wan1.3b_480p": (1, 12, 32760, 128), "wan14b_480p": (1, 40, 32760, 128)})
+CHECK_SHAPE = (1, 2, 200, 64) if TINY else (1, 2, 4999, 128)
 DENSITY = 0.125
 VARIANTS = ("pwt", "pisa", "drop")
 WAN13 = dict(model_type="t2v", dim=1536, ffn_dim=8960, num_heads=12, num_layers=30, freq_dim=256, text_dim=4096,
@@ -50,7 +60,8 @@ WAN13 = dict(model_type="t2v", dim=1536, ffn_dim=8960, num_heads=12, num_layers=
 RES: dict = {"sections": {}}
 
 
-def rnd(shape, dtype=torch.bfloat16, seed=0):
+def rnd(shape, dtype=None, seed=0):
+    dtype = DT if dtype is None else dtype
     g = torch.Generator(device=DEV).manual_seed(seed)
     return torch.randn(*shape, device=DEV, dtype=torch.float32, generator=g).to(dtype)
 
@@ -67,6 +78,12 @@ def timed(fn, repeats):
     """Median ms of `repeats` calls after one warm-up call, each between two CUDA events."""
     fn()
     times = []
+    if TINY:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append(1000 * (time.perf_counter() - t0))
+        return statistics.median(times)
     for _ in range(repeats):
         torch.cuda.synchronize()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -81,6 +98,9 @@ def timed(fn, repeats):
 def peak_mib(fn, held=()):
     """Peak MiB allocated during fn() above what was allocated before, minus the bytes of what fn returns
     (gradients) and of `held` (e.g. the output gradient made inside)."""
+    if TINY:
+        fn()
+        return float("nan")
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
@@ -117,7 +137,8 @@ def section(fn):
             print(tb, flush=True)
             RES["sections"].setdefault(name, {})["error"] = tb
         print(f"--- {name}: {time.time() - t1:.1f} s", flush=True)
-        torch.cuda.empty_cache()
+        if not TINY:
+            torch.cuda.empty_cache()
     return run
 
 
@@ -147,7 +168,7 @@ def check(args):
     from kernels.routing import block_stats, route
     from kernels.triton import train
     out = RES["sections"]["check"] = {"ok": True}
-    shape = (1, 2, 4999, 128)
+    shape = CHECK_SHAPE
     q, k, v = (rnd(shape, seed=s) for s in range(3))
     do = rnd(shape, seed=9)
 
@@ -155,11 +176,11 @@ def check(args):
         x = [t.to(dtype).requires_grad_(True) for t in (q, k, v)]
         return torch.autograd.grad(F.scaled_dot_product_attention(*x), x, do.to(dtype))
 
-    s16, s64 = sdpa_grads(torch.bfloat16), sdpa_grads(torch.float64)
+    s16, s64 = sdpa_grads(DT), sdpa_grads(torch.float64)
     torch_err = [rel(a, b) for a, b in zip(s16, s64)]
     out["sdpa_bf16_grad_rel"] = torch_err
     for variant in VARIANTS:
-        cfg = cfg_of(128, DENSITY, variant)
+        cfg = cfg_of(shape[-1], DENSITY, variant)
         x64 = [t.double().requires_grad_(True) for t in (q, k, v)]
         st = block_stats(*x64, 64)
         r = route(st, cfg)
@@ -171,7 +192,7 @@ def check(args):
         ok = all(e <= 2 * t + 1e-4 for e, t in zip(errs, torch_err))
         out[variant] = {"grad_rel_dq_dk_dv": errs, "ok": ok}
         x = [t.clone().requires_grad_(True) for t in (q, k, v)]
-        d1 = torch.autograd.grad(kt.forward(*x, cfg_of(128, 1.0, variant)), x, do)
+        d1 = torch.autograd.grad(kt.forward(*x, cfg_of(shape[-1], 1.0, variant)), x, do)
         d1_err = [rel(a, b) for a, b in zip(d1, s64)]
         out[variant]["density1_vs_sdpa64"] = d1_err
         out["ok"] &= ok and all(e <= 2 * t + 1e-4 for e, t in zip(d1_err, torch_err))
@@ -221,6 +242,9 @@ def attn(args):
 def breakdown(args):
     from kernels import triton as kt  # noqa: F401  (registers the ops)
     from kernels.triton import train
+    if TINY:
+        RES["sections"]["breakdown"] = {"skipped": "needs CUDA events"}
+        return
     shape = SHAPES["wan14b_480p"]
     cfg = cfg_of(shape[-1], DENSITY, "pwt")
     q, k, v = (rnd(shape, seed=s) for s in range(3))
@@ -234,7 +258,7 @@ def breakdown(args):
         train.backward(do, q, k, v, *saved, cfg, prof=prof)
         torch.cuda.synchronize()
         for (_, a), (name, b) in zip(prof, prof[1:]):
-            stages.setdefault(name, []).append(a.elapsed_time(b) if name != "start" else 0.0)
+            stages.setdefault(name, []).append(a.elapsed_time(b))
     res = {k2: statistics.median(v2) for k2, v2 in stages.items() if k2 != "start"}
     RES["sections"]["breakdown"] = {"shape": list(shape), "variant": "pwt", "stage_ms": res,
                                     "total_ms": sum(res.values())}
@@ -270,19 +294,19 @@ def step(args):
         print(RES["sections"]["step"], flush=True)
         return
     import dit_step
-    wan, ops, _, comfy_version = dit_step.load_comfy(Path(args.comfy), cpu=False)
+    wan, ops, _, comfy_version = dit_step.load_comfy(Path(args.comfy), cpu=TINY)
     kernels, patch, policy = dit_step.load_pack()
-    model = dit_step.build_model(wan, ops, WAN13, DEV, torch.bfloat16).train()
+    model = dit_step.build_model(wan, ops, dit_step.WAN_TINY if TINY else WAN13, DEV, DT).train()
     model.requires_grad_(False)
     lora = _lora(model)
     _checkpoint_blocks(model)
-    f, h, w = dit_step.LATENTS["480p"]
+    f, h, w = dit_step.LATENTS["tiny" if TINY else "480p"]
     g = torch.Generator(device=DEV).manual_seed(1)
-    x = torch.randn(1, 16, f, h, w, generator=g, device=DEV).to(torch.bfloat16)
-    ctx = torch.randn(1, dit_step.TEXT_TOKENS, 4096, generator=g, device=DEV).to(torch.bfloat16)
+    x = torch.randn(1, 16, f, h, w, generator=g, device=DEV).to(DT)
+    ctx = torch.randn(1, 16 if TINY else dit_step.TEXT_TOKENS, 4096, generator=g, device=DEV).to(DT)
     target = torch.randn(x.shape, generator=g, device=DEV)
     t = torch.tensor([500.0], device=DEV)
-    n_blocks = WAN13["num_layers"]
+    n_blocks = (dit_step.WAN_TINY if TINY else WAN13)["num_layers"]
     sched = dit_step.schedule(10)
     res = RES["sections"]["step"] = {"comfyui": comfy_version, "model": "WanModel 1.3B size, random bf16",
                                      "lora_params": sum(p.numel() for p in lora), "tokens": f * (h // 2) * (w // 2)}
@@ -295,8 +319,8 @@ def step(args):
         loss.backward()
         return loss.detach()
 
-    knobs = dict(variant="pwt", density=DENSITY, band=1, reorder="morton", min_tokens=0, backend="auto",
-                 dense_steps=0)
+    knobs = dict(variant="pwt", density=0.25 if TINY else DENSITY, band=1, reorder="morton", min_tokens=0,
+                 backend="triton" if TINY else "auto", dense_steps=0)
     runs = [("dense_sdpa", None, None),
             ("sparse_all_blocks", policy.Knobs(dense_blocks=(), **knobs), 2 * n_blocks),
             ("sparse_first_last_dense", policy.Knobs(dense_blocks=(0, -1), **knobs), 2 * (n_blocks - 2))]
@@ -335,11 +359,12 @@ def table() -> str:
     mark = "" if ok else " (UNCHECKED: the check section failed or did not run)"
     lines = [f"# Training: forward + backward, {RES['env'].get('gpu')}", "",
              f"{RES['env']['date']}; torch {RES['env']['torch']}, triton {RES['env'].get('triton')}; density "
-             f"{DENSITY}, band 1, bf16, median of the repeats after one warm-up{mark}.", ""]
+             f"{DENSITY}, band 1, {str(DT).replace('torch.', '')}, median of the repeats after one warm-up{mark}.", ""]
     if "check" in s and "error" not in s["check"]:
         c = s["check"]
-        lines += ["| check (B1_H2_T4999_D128) | dq | dk | dv | density 1 vs SDPA (max) |", "|---|---|---|---|---|",
-                  "| SDPA bf16 vs float64 | " + " | ".join(f"{e:.2e}" for e in c["sdpa_bf16_grad_rel"]) + " | - |"]
+        lines += ["| check (B{}_H{}_T{}_D{}) | dq | dk | dv | density 1 vs SDPA (max) |".format(*CHECK_SHAPE),
+                  "|---|---|---|---|---|",
+                  "| SDPA in the input dtype vs float64 | " + " | ".join(f"{e:.2e}" for e in c["sdpa_bf16_grad_rel"]) + " | - |"]
         for var in VARIANTS:
             if var in c:
                 lines.append(f"| ours {var} | " + " | ".join(f"{e:.2e}" for e in c[var]["grad_rel_dq_dk_dv"])
@@ -372,7 +397,8 @@ def table() -> str:
                   + ", ".join(f"{k} {v:.2f}" for k, v in b["stage_ms"].items()) + f"; total {b['total_ms']:.2f}", ""]
     st = s.get("step", {})
     if "dense_sdpa" in st or "skipped" in st:
-        lines += ["| LoRA training step, WanModel 1.3B, 480p 81f | step ms | speed-up | peak GiB | sparse calls ok |",
+        what = "tiny WanModel, tiny latent" if TINY else "WanModel 1.3B, 480p 81f"
+        lines += [f"| LoRA training step, {what} | step ms | speed-up | peak GiB | sparse calls ok |",
                   "|---|---|---|---|---|"]
         for name in ("dense_sdpa", "sparse_all_blocks", "sparse_first_last_dense"):
             e = st.get(name, {})
@@ -395,14 +421,16 @@ def main(argv=None) -> int:
     ap.add_argument("--comfy", default=None, help="ComfyUI copy for the WanModel training step")
     ap.add_argument("--sections", default="check,attn,breakdown,step")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--step-repeats", type=int, default=3)
+    ap.add_argument("--step-repeats", type=int, default=2)
     ap.add_argument("--budget-s", type=float, default=200.0, help="sections starting after this are skipped")
+    ap.add_argument("--tiny", action="store_true", help="CPU smoke test (TRITON_INTERPRET=1, tiny shapes)")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("bench/train_step.py needs a CUDA GPU")
+    if not TINY and not torch.cuda.is_available():
+        raise SystemExit("bench/train_step.py needs a CUDA GPU (or --tiny)")
     args.out.mkdir(parents=True, exist_ok=True)
     import triton
-    RES["env"] = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+    RES["env"] = {"gpu": "CPU (--tiny)" if TINY else torch.cuda.get_device_name(0), "torch": torch.__version__,
+                  "triton": triton.__version__,
                   "date": datetime.datetime.now().isoformat(timespec="seconds"), "argv": sys.argv[1:]}
     t0 = time.time()
     sections = {"check": check, "attn": attn, "breakdown": breakdown, "step": step}
