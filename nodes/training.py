@@ -66,6 +66,8 @@ def register_blocks(uid: str, family: str, diffusion_model) -> None:
     from .models import block_modules
 
     for i, blk in enumerate(block_modules(family, diffusion_model)):
+        if not isinstance(blk, torch.nn.Module):  # a stand-in or another structure: that block stays unknown
+            continue
         for m in blk.modules():
             ids[id(m)] = i
             code = getattr(getattr(type(m), "forward", None), "__code__", None)
