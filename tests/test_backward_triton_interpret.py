@@ -4,28 +4,18 @@ reference under identical routing, and the autograd wiring (custom ops, differen
 All cases run once, in a subprocess (tests/triton_bwd_interp_cases.py): TRITON_INTERPRET must be set before
 Triton is imported and must not leak into the other test files of this session.
 """
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from driver import run_driver
 
 pytest.importorskip("triton")
 
-HERE = Path(__file__).resolve().parent
 TOL32 = 1e-5  # float32 kernels against the float64 oracle, relative L2 per gradient (observed ~1e-6)
 
 
 @pytest.fixture(scope="module")
 def res():
-    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-    p = subprocess.run([sys.executable, str(HERE / "triton_bwd_interp_cases.py")], capture_output=True, text=True,
-                       env=env, timeout=1200, cwd=str(HERE.parent))
-    line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULTS_JSON ")]
-    assert p.returncode == 0 and line, f"driver failed (rc {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-    return json.loads(line[0][len("RESULTS_JSON "):])
+    return run_driver("triton_bwd_interp_cases.py", env=dict(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES=""))
 
 
 def get(res, name):

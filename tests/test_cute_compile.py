@@ -3,29 +3,19 @@ caught here rather than on the first H200 run, and, where ptxas is installed, th
 launch bound (2 CTAs x 256 threads -> 128 registers) without spilling or any local memory. Runs in a subprocess
 (tests/cute_compile_case.py). Skipped, with one line, when nvidia-cutlass-dsl is not installed."""
 import importlib.util
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from driver import run_driver
 
 if importlib.util.find_spec("cutlass") is None:
     pytest.skip("CuTe compile test skipped: nvidia-cutlass-dsl is not installed (pip install .[cute])",
                 allow_module_level=True)
 
-HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="module")
 def res():
-    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a")
-    p = subprocess.run([sys.executable, str(HERE / "cute_compile_case.py")], capture_output=True, text=True,
-                       env=env, timeout=1200, cwd=str(HERE.parent))
-    line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULTS_JSON ")]
-    assert p.returncode == 0 and line, f"compile driver failed (rc {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-    return json.loads(line[0][len("RESULTS_JSON "):])
+    return run_driver("cute_compile_case.py", env=dict(CUTE_DSL_ARCH="sm_90a"))
 
 
 @pytest.mark.parametrize("family", ["drop", "pisa/pwt"])

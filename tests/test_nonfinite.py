@@ -5,18 +5,13 @@ The cases are data (tests/nonfinite_contract.py); each backend runs the same one
 Triton kernels under TRITON_INTERPRET=1 in one subprocess (the interpreter must be set before Triton is imported),
 Triton and CuTe on CUDA (marked gpu).
 """
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from driver import run_driver
 import torch
 
 import nonfinite_contract as nc
 
-HERE = Path(__file__).resolve().parent
 POISONED, FINITE = nc.case_ids()
 # each backend's own float16 rounding of H-bar (the Triton kernels multiply float16 k - k-bar on tensor cores)
 HBAR_TOL = {"torch": 1e-5, "triton": 1e-3, "cute": 1e-2}
@@ -26,12 +21,7 @@ CUDA = torch.cuda.is_available()
 @pytest.fixture(scope="module")
 def interp():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-    p = subprocess.run([sys.executable, str(HERE / "nonfinite_contract.py"), "triton"], capture_output=True,
-                       text=True, env=env, timeout=1200, cwd=str(HERE.parent))
-    line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULTS_JSON ")]
-    assert p.returncode == 0 and line, f"driver failed (rc {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-    return json.loads(line[0][len("RESULTS_JSON "):])
+    return run_driver("nonfinite_contract.py", "triton", env=dict(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES=""))
 
 
 def _parse(case):
