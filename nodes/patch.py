@@ -25,7 +25,7 @@ import math
 import os
 import threading
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import torch
 
