@@ -102,15 +102,19 @@ def _per_branch(rows, branch):
                   for r in rows if branch in r["branch"])
 
 
-def test_multigpu_cfg_split_equals_one_device_with_each_branch_decided_alike(two_devices, decisions, kernel_threads,
-                                                                              caplog):
+@pytest.mark.parametrize("order", ["sparse_node_first", "multigpu_node_first"])
+def test_multigpu_cfg_split_equals_one_device_with_each_branch_decided_alike(order, two_devices, decisions,
+                                                                              kernel_threads, caplog):
     base = _wan()
     m = patch.apply_piecewise_sparse_attention(base, **KNOBS)
     with caplog.at_level(logging.INFO, logger="piecewise_sparse_attention.nodes"):
         one = _sample(m)
         seq_rows, seq_threads = decisions(), list(kernel_threads)
         kernel_threads.clear()
-        mg = two_devices(m)
+        if order == "sparse_node_first":  # the MultiGPU node's own advice: after nodes that change the model
+            mg = two_devices(m)
+        else:
+            mg = patch.apply_piecewise_sparse_attention(two_devices(base), **KNOBS)
         assert [c.load_device for c in mg.get_additional_models_with_key("multigpu")] == [CPU0]
         split = _sample(mg)
     rows = decisions()
