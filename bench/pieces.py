@@ -153,9 +153,9 @@ def pieces(label, pkg, backends, q, k, v, density, bw, out):
         kts.finalize_hbar(st, n, q.dtype)
     # bounds: one read of q, k, v (+ the statistics written); routing: bias rows + lists written
     qkv_bytes = 3 * q.numel() * q.element_size()
-    d["stats_pwt_bound_ms"] = (qkv_bytes + B * H * n * D * (4 * 4 + 2 * 2)) / bw / 1e9
-    d["stats_drop_bound_ms"] = (2 * q.numel() * 2 + B * H * n * D * 8) / bw / 1e9
-    d["routing_bound_ms"] = (B * H * n * n * 2 + idx.numel() * 4) / bw / 1e9
+    d["stats_pwt_bound_ms"] = (qkv_bytes + B * H * n * D * (4 * 4 + 2 * 2)) / bw / 1e6
+    d["stats_drop_bound_ms"] = (2 * q.numel() * 2 + B * H * n * D * 8) / bw / 1e6
+    d["routing_bound_ms"] = (B * H * n * n * 2 + idx.numel() * 4) / bw / 1e6
     n_sel = int((idx >= 0).sum())
     d["exact_tflop"] = n_sel * 64 * 64 * D * 4 / 1e12
     d["virtual_tflop"] = B * H * n * 64 * n * D * 4 / 1e12
@@ -345,6 +345,67 @@ def breakeven(outdir):
     (outdir / "breakeven_h200.json").write_text(json.dumps(table, indent=1))
 
 
+def _f(x, nd=3):
+    return f"{x:.{nd}f}" if isinstance(x, (int, float)) else "-"
+
+
+def write_md(res: dict, path: Path) -> None:
+    """The per-piece table (ms, bound, % of bound) of every shape, old next to new, and the extra sections."""
+    c = res.get("ceilings", {})
+    lines = [f"# Every piece of the operator against its bound ({res.get('env', {}).get('gpu', '?')})", "",
+             f"{res.get('env', {})}; ceilings measured in the same run: copy {_f(c.get('copy_TBps'), 2)} TB/s "
+             f"(read + write), bf16 GEMM {_f(c.get('gemm_bf16_TFLOPs'), 0)} TFLOP/s. B1 D128 bf16, random N(0,1) "
+             "inputs, pwt at density 0.125 (FLUX 0.2), band 1; median of triton.testing.do_bench. Bounds: statistics "
+             "= one read of the tensors they need + their outputs at the copy rate; routing = its bias rows and "
+             "lists written; exact part = the routed tiles' FLOPs at the GEMM rate (and their L2 bytes); virtual = "
+             "its FLOPs at the exact part's measured rate.", ""]
+    for sname, out in res.get("shapes", {}).items():
+        lines += [f"## {sname} {out.get('shape')} density {out.get('density')}", "",
+                  "| piece | old ms | new ms | bound ms | new % of bound |", "|---|---|---|---|---|"]
+        o, n = out.get("old", {}), out.get("new", {})
+        gemm = c.get("gemm_bf16_TFLOPs", 0) or 1
+
+        def row(label, key, bound):
+            nv = n.get(key)
+            pct = f"{100 * bound / nv:.0f}%" if isinstance(nv, float) and isinstance(bound, float) and nv else "-"
+            lines.append(f"| {label} | {_f(o.get(key))} | {_f(nv)} | {_f(bound)} | {pct} |")
+        row("statistics (pwt)", "stats_pwt_ms", n.get("stats_pwt_bound_ms"))
+        row("statistics (drop)", "stats_drop_ms", n.get("stats_drop_bound_ms"))
+        row("routing (pwt)", "routing_pwt_ms", n.get("routing_bound_ms"))
+        ex = n.get("exact_tflop")
+        ex_b = ex / gemm * 1e3 if isinstance(ex, float) else None
+        for be in ("triton", "cute"):
+            row(f"exact part = drop attention ({be})", f"attn_{be}_drop_ms", ex_b)
+            row(f"pwt attention ({be})", f"attn_{be}_pwt_ms", None)
+            vt = n.get("virtual_tflop")
+            rate = n.get(f"exact_{be}_TFLOPs")
+            row(f"virtual tokens = pwt - drop ({be})", f"virtual_{be}_ms",
+                vt / rate * 1e3 if isinstance(vt, float) and isinstance(rate, float) else None)
+            row(f"full operator pwt ({be})", f"full_{be}_pwt_ms", None)
+            row(f"full operator drop ({be})", f"full_{be}_drop_ms", None)
+        for be in ("triton", "cute"):
+            if isinstance(n.get(f"exact_{be}_TFLOPs"), float):
+                lines.append(f"\nexact part ({be}): {n[f'exact_{be}_TFLOPs']:.0f} TFLOP/s, its routed K/V tiles "
+                             f"{n['exact_l2_gb']:.1f} GB from L2 at {n[f'exact_{be}_l2_TBps']:.2f} TB/s")
+        for key in ("profile_cute_pwt", "profile_triton_pwt"):
+            if isinstance(n.get(key), list):
+                lines += ["", f"kernels of one call ({key[8:]}, torch.profiler): " + "; ".join(
+                    f"{r[0][:40]} {r[1]:.3f} ms x{r[2]}" for r in n[key])]
+                break
+        for extra in ("ditlike_morton", "morton", "sweep"):
+            if extra in out:
+                lines += ["", f"{extra}: " + ", ".join(f"{k} {_f(v)}" for k, v in out[extra].items())]
+        lines.append("")
+    if "flux_node" in res:
+        lines += ["## FLUX.1 1024^2 as the node calls it", "",
+                  ", ".join(f"{k} {_f(v) if not isinstance(v, bool) else v}" for k, v in res["flux_node"].items()), ""]
+    if "breakeven" in res:
+        lines += ["## Break-even (nodes/breakeven_h200.json)", "", "| T | density | sparse ms | SDPA ms | ratio |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {r[0]} | {r[1]} | {r[2]:.3f} | {r[3]:.3f} | {r[2] / r[3]:.2f} |" for r in res["breakeven"]["rows"]]
+    path.write_text("\n".join(lines) + "\n")
+
+
 def main(argv=None):
     global REP
     ap = argparse.ArgumentParser()
@@ -425,6 +486,10 @@ def main(argv=None):
             RES["flux_node_error"] = traceback.format_exc()
             traceback.print_exc()
     (outdir / "pieces.json").write_text(json.dumps(RES, indent=1, default=str))
+    try:
+        write_md(RES, outdir / "pieces.md")
+    except Exception:
+        traceback.print_exc()
     print("\nshape     pkg  stats(pwt/drop)  routing  attn_tri(drop/pwt)  attn_cute(drop/pwt)  full(tri/cute)")
     for sname, out in RES["shapes"].items():
         for lab in ("old", "new"):

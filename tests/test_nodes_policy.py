@@ -150,7 +150,7 @@ def test_tally_summary():
 
 
 def test_breakeven_table_keeps_sizes_where_sparse_measured_slower_dense():
-    from nodes.policy import breakeven_reason
+    breakeven_reason = policy.breakeven_reason
     table = {"gpu": "NVIDIA H200", "rows": [[4608, 0.2, 0.45, 0.42], [16896, 0.2, 1.1, 3.9],
                                             [4608, 0.125, 0.40, 0.42], [16896, 0.125, 0.9, 3.9]]}
     # measured slower at 4608 for density 0.2 -> dense, with a reason naming the GPU and the ratio

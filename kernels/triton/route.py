@@ -142,12 +142,20 @@ def _select_kernel(
     # order-preserving unsigned key of a float32
     b_bits = b_s.to(tl.int32, bitcast=True)
     b_key = (b_bits ^ ((b_bits >> 31) | (-2147483647 - 1))).to(tl.uint32, bitcast=True)
-    # largest t with #(key >= t) >= k_i, built from the top bit down
+    # largest t with #(key >= t) >= k_i, built from the top bit down; the search stops as soon as every row's
+    # #(key >= t) is exactly k_i (the chosen set is then known: typically ~20 of the 32 bits for float scores)
     b_t = tl.zeros([ROWS], dtype=tl.uint32)
-    for bit in tl.static_range(31, -1, -1):
-        b_c = b_t | (1 << bit)
+    b_n = tl.full([ROWS], NP2, dtype=tl.int32)  # #(key >= b_t): every key is >= 0
+    bit = 31
+    todo = tl.max((b_n != k_i).to(tl.int32), axis=0)
+    while (bit >= 0) & (todo > 0):
+        b_c = b_t | (tl.full([ROWS], 1, dtype=tl.uint32) << bit.to(tl.uint32))
         n_ge = tl.sum((b_key >= b_c[:, None]).to(tl.int32), axis=1)
-        b_t = tl.where(n_ge >= k_i, b_c, b_t)
+        up = n_ge >= k_i
+        b_t = tl.where(up, b_c, b_t)
+        b_n = tl.where(up, n_ge, b_n)
+        todo = tl.max((b_n != k_i).to(tl.int32), axis=0)
+        bit -= 1
     gt = b_key > b_t[:, None]
     eq = b_key == b_t[:, None]
     n_gt = tl.sum(gt.to(tl.int32), axis=1)
