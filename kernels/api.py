@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 
 import torch
 
@@ -104,8 +105,9 @@ def _run(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure):
         q, k, v = (_permute(mod, name, x, perm, n_prefix) for x in (q, k, v))
     try:
         out = mod.forward(q, k, v, cfg)
-    except Exception:
-        if name == "torch" or on_failure == "raise":
+    except Exception as e:
+        # a checkpointed block's recompute stops early by raising inside the op: not a failure
+        if name == "torch" or on_failure == "raise" or _is_checkpoint_stop(e):
             raise
         if log_once(f"fail:{name}", "piecewise_sparse_attention: the %s backend failed; this call and later "
                     "failures use the torch reference (traceback below, logged once)", name, level=logging.ERROR):
@@ -117,6 +119,14 @@ def _run(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure):
     return out
 
 
+def _is_checkpoint_stop(e: BaseException) -> bool:
+    """torch.utils.checkpoint stops a recompute once it has every tensor it needs by raising this (private)
+    exception from inside whatever op runs then: it must pass through, never trigger a fallback."""
+    ckpt = sys.modules.get("torch.utils.checkpoint")  # not imported: no checkpoint is running
+    stop = getattr(ckpt, "_StopRecomputationError", None)
+    return stop is not None and isinstance(e, stop)
+
+
 def _permute(mod, name, x, perm, n_prefix):
     """x's tokens after the prefix in `perm` order: the backend's own gather when it has one, else (or when
     that fails at run time, loudly) kernels.reorder."""
@@ -126,7 +136,9 @@ def _permute(mod, name, x, perm, n_prefix):
     if gather is not None:
         try:
             return gather(x, perm, n_prefix)
-        except Exception:
+        except Exception as e:
+            if _is_checkpoint_stop(e):
+                raise
             if log_once(f"gather:{name}", "piecewise_sparse_attention: the %s backend's Morton gather failed; "
                         "reordering with torch instead (traceback below, logged once)", name, level=logging.ERROR):
                 log.exception("piecewise_sparse_attention: %s gather traceback", name)

@@ -84,8 +84,9 @@ def unavailable_reason(name: str, q, cfg) -> str | None:
         return f"{name} backend check raised {type(e).__name__}: {e}"
 
 
-# backends whose forward is differentiable (the backward work adds a name here when its kernels land)
-DIFFERENTIABLE = ("torch",)
+# backends whose forward is differentiable (routing detached): the reference by autograd, Triton by its own
+# backward (kernels/triton/bwd.py); cute is forward-only
+DIFFERENTIABLE = ("torch", "triton")
 
 
 def grad_reason(name: str, *tensors) -> str | None:
@@ -95,8 +96,8 @@ def grad_reason(name: str, *tensors) -> str | None:
         return None
     if not any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
         return None
-    return (f"the {name} backend has no backward yet and q, k or v requires grad; backend='torch' (or 'auto') "
-            f"differentiates, torch.no_grad() needs no backward")
+    return (f"the {name} backend has no backward yet and q, k or v requires grad; backend='torch' (or 'triton', "
+            f"or 'auto') differentiates, torch.no_grad() needs no backward")
 
 
 def select_backend(q, cfg, requested: str = "auto", *, k=None, v=None) -> tuple[str, str | None]:

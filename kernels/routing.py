@@ -126,9 +126,20 @@ def forced_mask(nq: int, n: int, band: int, n_sink_blocks: int, device) -> torch
     return ((i - j).abs() <= band) | (j < n_sink_blocks)
 
 
-@torch.no_grad()
 def route(stats: BlockStats, cfg: SparseConfig) -> Routing:
-    """Exact set S_i = forced blocks + top-k by score, forced blocks counted inside the budget."""
+    """Exact set S_i = forced blocks + top-k by score, forced blocks counted inside the budget.
+
+    The index sets are detached (MATH.md, Backward); the gated PWT bonus w is not routing and keeps its
+    autograd graph back to q^2 and sigma^2 (where the gate is open; zero gradient where it gated w)."""
+    r = _route_detached(stats, cfg)
+    if cfg.variant == "pwt" and torch.is_grad_enabled() and (stats.q2.requires_grad or stats.ksig2.requires_grad):
+        w_gated, _ = pwt_bonus(stats, float(cfg.scale), cfg.block_size)  # the same arithmetic, with grad
+        r = Routing(idx=r.idx, exact=r.exact, w=w_gated.to(stats.kbar.dtype))
+    return r
+
+
+@torch.no_grad()
+def _route_detached(stats: BlockStats, cfg: SparseConfig) -> Routing:
     scale = float(cfg.scale)
     nq, n = stats.qbar.shape[-2], stats.kbar.shape[-2]
     score = scale * (stats.qbar @ stats.kbar.transpose(-1, -2))  # [B, H, Nq, N]

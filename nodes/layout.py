@@ -23,7 +23,7 @@ def sigma_and_step(to: dict) -> tuple[float | None, tuple[int, int] | None]:
     sig_t = to.get("sigmas")
     if not isinstance(sig_t, torch.Tensor) or not sig_t.numel():
         return None, None
-    sigma = float(sig_t.flatten()[0])
+    sigma = float(sig_t.detach().flatten()[0])
     sched = to.get("sample_sigmas")
     if isinstance(sched, torch.Tensor):
         key = (id(sched), sched.data_ptr(), sched.numel())

@@ -64,6 +64,23 @@ def model_spec(model) -> ModelSpec:
     return ModelSpec(None, f"unknown family {family}")
 
 
+def block_modules(family: str, dm) -> list:
+    """The transformer blocks of a diffusion model in global block order (the numbering of model_spec: single
+    blocks after the double ones), [] when the structure is not the family's."""
+    try:
+        if family == "wan":
+            return list(dm.blocks)
+        if family in ("flux", "hunyuan_video"):
+            return list(dm.double_blocks) + list(dm.single_blocks)
+        if family in ("qwen_image", "ltxv"):
+            return list(dm.transformer_blocks)
+        if family == "lumina2":
+            return list(dm.layers)
+    except (AttributeError, TypeError):
+        pass
+    return []
+
+
 @dataclass(frozen=True)
 class ForwardInfo:
     family: str
@@ -73,6 +90,7 @@ class ForwardInfo:
     sigma: float | None = None  # read once per forward: on a GPU each read of a tensor is a device sync
     step: tuple[int, int] | None = None
     timing_known: bool = False
+    sigmas: tuple[float, ...] | None = None  # each sample's sigma (read while training: per-sample decisions)
     n_suffix: int = 0  # exact tokens after the grid
     side: tuple[tuple[int, str], ...] = ()  # (length, policy.SIDE_STREAMS key) of other self-attention calls
 

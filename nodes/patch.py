@@ -32,7 +32,7 @@ import torch
 from ..kernels import piecewise_sparse_attention, select_backend
 from ..kernels import dispatch as _dispatch
 from ..kernels.config import SparseConfig
-from . import chain, policy, state
+from . import chain, policy, state, training
 from .call import block_index_of, bind, grid_of, layout_of, unwrap, with_plain
 from .layout import _SCHEDULES, sigma_and_step  # noqa: F401 (tests read them here)
 from .models import ForwardInfo, forward_info, model_spec, token_order  # noqa: F401 (re-exported)
@@ -170,7 +170,22 @@ class SparseAttentionOverride:
             return self._dense(func, args, kwargs, reason, st, entry)
         _decision_log({"family": self.family, "sparse": True, "reason": None, "probe": self.probe_id is not None,
                        **entry})
+        rows = entry.get("sparse_rows")
+        if rows is not None and not all(rows):
+            return self._split_rows(func, args, kwargs, bound, q, k, v, rows, plan)
         return self._sparse(func, args, kwargs, bound, q, k, v, *plan[1:])
+
+    def _split_rows(self, func, args, kwargs, bound, q, k, v, rows, plan):
+        """Training batch whose samples disagree (random per-sample sigmas): the sparse rows through the
+        operator, the others through the next attention, reassembled in batch order (differentiable)."""
+        i_on = torch.tensor([b for b, x in enumerate(rows) if x], device=q.device, dtype=torch.long)
+        i_off = torch.tensor([b for b, x in enumerate(rows) if not x], device=q.device, dtype=torch.long)
+        state.count(plan[1], plan[2]["row_reasons"][int(i_off[0])])
+        a, kw = with_plain(args, kwargs, q[i_on], k[i_on], v[i_on])
+        on = self._sparse(func, a, kw, bound, q[i_on], k[i_on], v[i_on], *plan[1:])
+        a, kw = with_plain(args, kwargs, q[i_off], k[i_off], v[i_off])
+        off = unwrap(self._next(func, a, kw))
+        return torch.cat([on, off])[torch.argsort(torch.cat([i_on, i_off]))]
 
     def _plan(self, bound, q, k, v):
         """(reason or None, run state, decision-log entry, call, layout, grid, n_prefix)."""
@@ -193,10 +208,14 @@ class SparseAttentionOverride:
         if info is not None and is_joint:
             side = info.side_stream(int(lay.q_len))
         n_expected = None if grid is None else n_prefix + math.prod(grid) + n_suffix
-        block, block_why = self._block_index(to, st, branch, is_joint and side is None
-                                             and (n_expected is None or lay.q_len == n_expected))
+        counted = is_joint and side is None and (n_expected is None or lay.q_len == n_expected)
+        train = training.is_training(q, k, v)
+        if train:  # the same index in a checkpointed block's forward and its recompute (nodes/training.py)
+            block, block_why = (training.block_from_stack(self.uid) if counted else None), None
+        else:
+            block, block_why = self._block_index(to, st, branch, counted)
         entry = {"block": block, "q_len": lay.q_len, "k_len": lay.k_len, "branch": list(branch[0]), "device": branch[1],
-                 "step": None, "n_steps": None}
+                 "step": None, "n_steps": None, "training": train, "recompute": train and training.in_recompute()}
         if lay.q_len is None or (lay.reason is not None and lay.q_len == lay.k_len):
             return lay.reason, st, entry, None, lay, None, 0, 0
         if block_why is None and to.get("block_index") is not None and fwd_reason is not None \
@@ -208,9 +227,16 @@ class SparseAttentionOverride:
                            dtype=str(q.dtype), has_mask=bound.get("mask") is not None, n_tokens_expected=n_expected,
                            block=block, total_blocks=self.total_blocks, step=None if step is None else step[0],
                            n_steps=None if step is None else step[1], sigma=sigma, sigma_window=st.sigma_window,
-                           forward_reason=fwd_reason, side_stream=side)
+                           forward_reason=fwd_reason, side_stream=side, training=train, dense_sigma=st.dense_sigma)
         entry.update(step=call.step, n_steps=call.n_steps)
-        reason = policy.call_reason(self.knobs, call)
+        if train:  # each sample's own noise level decides (random per-sample sigmas); all dense: the first's reason
+            row_sigmas = training.per_row(training.sample_sigmas(to, info), q.shape[0])
+            row_reasons = [policy.call_reason(self.knobs, replace(call, sigma=sg)) for sg in row_sigmas]
+            reason = None if any(r is None for r in row_reasons) else row_reasons[0]
+            entry.update(row_sigmas=row_sigmas, row_reasons=row_reasons,
+                         sparse_rows=[r is None for r in row_reasons])
+        else:
+            reason = policy.call_reason(self.knobs, call)
         if reason is None:
             reason = slow_path_reason(q, int(lay.head_dim), self.knobs, q_len=int(lay.q_len))
         return reason, st, entry, call, lay, grid, n_prefix, n_suffix
@@ -243,6 +269,8 @@ class SparseAttentionOverride:
                 out = out.index_select(-2, order[1])
             flat = out if skip_output_reshape else out.transpose(1, 2).reshape(out.shape[0], out.shape[2], -1)
         except Exception as e:
+            if training.is_checkpoint_stop(e):  # a checkpointed recompute stopping early: not a failure
+                raise
             if log_once("kernel-failure", "piecewise sparse attention: the operator failed; this call and "
                         "later failures run dense (traceback below, logged once)", level=logging.ERROR):
                 log.exception("piecewise sparse attention: operator traceback")
@@ -393,9 +421,14 @@ class ForwardWrapper:
         if to is None:
             return executor(*args, **kwargs)
         ensure_installed(to, self.override)
-        info = forward_info(self.override.family, getattr(executor, "class_obj", None), args, kwargs)
+        dm = getattr(executor, "class_obj", None)
+        info = forward_info(self.override.family, dm, args, kwargs)
         sigma, step = sigma_and_step(to)
-        info = replace(info, sigma=sigma, step=step, timing_known=True)
+        train = training.grad_mode()
+        info = replace(info, sigma=sigma, step=step, timing_known=True,
+                       sigmas=training.sample_sigmas(to, None) if train else None)
+        if train:
+            training.register_blocks(self.override.uid, self.override.family, dm)
         x = args[0] if args else kwargs.get("x")
         device = str(x.device) if isinstance(x, torch.Tensor) else "?"
         st = run_state(self.override.uid)
@@ -405,7 +438,11 @@ class ForwardWrapper:
         try:
             return executor(*args, **kwargs)
         finally:
-            if prev_info is None:
+            # while training, checkpointed blocks are recomputed after this returns and read the entry again
+            # (this dict belongs to this one model call)
+            if train:
+                pass
+            elif prev_info is None:
                 to.pop(FORWARD_KEY, None)
             else:
                 to[FORWARD_KEY] = prev_info
@@ -452,6 +489,7 @@ class PreRunCallback:
                 start = math.inf if kn.start_percent <= 0.0 else float(ms.percent_to_sigma(kn.start_percent))
                 end = -math.inf if kn.end_percent >= 1.0 else float(ms.percent_to_sigma(kn.end_percent))
                 st.sigma_window = (start, end)
+                st.dense_sigma = float(ms.percent_to_sigma(policy.training_dense_fraction(kn.dense_steps)))
             except Exception as e:  # keep sampling; the policy reports the unknown window
                 log_once("sigma-window", "piecewise sparse attention: cannot resolve start/end percent (%s)", e)
         if self.override.probe_id is not None:

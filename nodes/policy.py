@@ -16,6 +16,9 @@ BACKENDS = ("auto", "triton", "cute", "torch")
 
 # Paper protocol (PISA §5, PWT README): the first 10 of 50 sampling steps run dense.
 AUTO_DENSE_STEP_FRACTION = 0.2
+# While training there is no schedule: dense_steps = N is read as N of the paper's 50 steps (see
+# training_dense_fraction)
+TRAINING_REFERENCE_STEPS = 50
 # head dims the operator's fast backends are built for; anything else stays dense
 SUPPORTED_HEAD_DIMS = (32, 64, 80, 96, 128, 256)
 SUPPORTED_DTYPES = ("torch.float16", "torch.bfloat16", "torch.float32")
@@ -114,6 +117,17 @@ def resolve_dense_steps(dense_steps: int, n_steps: int) -> int:
     if dense_steps < 0:
         return int(math.floor(AUTO_DENSE_STEP_FRACTION * n_steps + 0.5))
     return dense_steps
+
+
+def training_dense_fraction(dense_steps: int) -> float:
+    """While training (no sampling schedule; each sample has its own noise level), dense_steps is a fraction
+    of the noise range: -1 -> the noisiest 20% (the paper's 10 of 50 steps), 0 -> none, N -> the noisiest
+    N/50 (N of the paper's 50 steps). A sample is dense when its sigma lies above the model's sigma at that
+    percent of the schedule (model_sampling.percent_to_sigma), so with ComfyUI's Train LoRA, which draws the
+    percent uniformly, that fraction of the samples runs dense: inference keeps the same noise levels dense."""
+    if dense_steps < 0:
+        return AUTO_DENSE_STEP_FRACTION
+    return min(1.0, dense_steps / TRAINING_REFERENCE_STEPS)
 
 
 def resolve_sink_blocks(sink_blocks: int | None, n_prefix: int, block_size: int) -> int:
@@ -264,6 +278,8 @@ class Call:
     sigma_window: tuple[float, float] | None = None  # (start_sigma, end_sigma) resolved for this run
     forward_reason: str | None = None  # set when the whole forward is inert (e.g. unknown layout)
     side_stream: str | None = None  # a SIDE_STREAMS key: a self-attention call outside the joint layout
+    training: bool = False  # autograd is on (e.g. ComfyUI's Train LoRA): judge the sample's sigma, no schedule
+    dense_sigma: float | None = None  # training: samples with sigma above this stay dense (training_dense_fraction)
 
 
 def call_reason(k: Knobs, c: Call) -> str | None:
@@ -295,7 +311,13 @@ def call_reason(k: Knobs, c: Call) -> str | None:
         start_sigma, end_sigma = c.sigma_window
         if not (end_sigma <= c.sigma <= start_sigma):
             return "outside start_percent..end_percent"
-    if c.step is not None and c.n_steps is not None:
+    if c.training:
+        if training_dense_fraction(k.dense_steps) > 0.0:
+            if c.sigma is None or c.dense_sigma is None:
+                return "noise level or the model's sigma range unknown, dense_steps cannot be honoured while training"
+            if c.sigma > c.dense_sigma:
+                return "dense noise level (training)"
+    elif c.step is not None and c.n_steps is not None:
         if c.step < resolve_dense_steps(k.dense_steps, c.n_steps):
             return "dense step"
     elif k.dense_steps != 0:
@@ -315,7 +337,7 @@ SIDE_STREAMS = {
 }
 # reasons that are part of normal operation: logged at debug level, not announced
 ROUTINE_REASONS = ("cross-attention", "dense step", "dense block", "outside start_percent..end_percent",
-                   *SIDE_STREAMS.values())
+                   "dense noise level (training)", *SIDE_STREAMS.values())
 
 
 def is_routine(reason: str) -> bool:

@@ -44,6 +44,7 @@ class ProbeRecord:
 class RunState:
     branches: dict[tuple, BranchState] = field(default_factory=dict)
     sigma_window: tuple[float, float] | None = None
+    dense_sigma: float | None = None  # training: samples noisier than this stay dense (policy.training_dense_fraction)
     tally: policy.Tally = field(default_factory=policy.Tally)
 
 

@@ -113,8 +113,9 @@ def test_empty_batch_or_heads_give_an_empty_output():
 
 
 # class 4: autograd is never silently missing
-def _fake_fast_backend(monkeypatch, name="triton"):
-    """A fast backend that can run here and, like today's Triton forward, returns a detached output."""
+def _fake_fast_backend(monkeypatch, name="cute"):
+    """A fast backend that can run here and, like the CuTe forward (it has no backward), returns a detached
+    output."""
     def forward(q, k, v, cfg):
         with torch.no_grad():
             return reference.forward(q, k, v, cfg)
@@ -132,7 +133,7 @@ def test_auto_with_inputs_that_require_grad_picks_a_differentiating_backend_with
     _fake_fast_backend(monkeypatch)
     q, k, v = _leaves()
     with torch.no_grad():
-        assert dispatch.select_backend(q, reference_cfg(), "auto", k=k, v=v)[0] == "triton"  # no grad needed
+        assert dispatch.select_backend(q, reference_cfg(), "auto", k=k, v=v)[0] == "cute"  # no grad needed
     dispatch._logged.clear()
     with caplog.at_level(logging.INFO, logger="piecewise_sparse_attention"):
         out = psa(q, k, v, density=0.5)
@@ -159,7 +160,7 @@ def test_explicit_fast_backend_with_inputs_that_require_grad_raises_naming_it_an
 
 def test_psa_backend_env_with_inputs_that_require_grad_falls_back_to_torch(monkeypatch, caplog):
     _fake_fast_backend(monkeypatch)
-    monkeypatch.setenv("PSA_BACKEND", "triton")
+    monkeypatch.setenv("PSA_BACKEND", "cute")
     q, k, v = _leaves()
     name, why = dispatch.select_backend(q, reference_cfg(), "auto", k=k, v=v)
     assert name == "torch" and "PSA_BACKEND" in why and "no backward" in why
@@ -169,12 +170,13 @@ def test_psa_backend_env_with_inputs_that_require_grad_falls_back_to_torch(monke
 def test_grad_reason_is_one_switch_per_backend(monkeypatch):
     q, k, v = _leaves()
     assert dispatch.grad_reason("torch", q, k, v) is None
-    assert "triton" in dispatch.grad_reason("triton", q, k, v)
-    assert dispatch.grad_reason("triton", *qkv()) is None  # nothing requires grad
+    assert dispatch.grad_reason("triton", q, k, v) is None  # its backward: kernels/triton/bwd.py
+    assert "cute" in dispatch.grad_reason("cute", q, k, v)
+    assert dispatch.grad_reason("cute", *qkv()) is None  # nothing requires grad
     with torch.no_grad():
-        assert dispatch.grad_reason("triton", q, k, v) is None
-    monkeypatch.setattr(dispatch, "DIFFERENTIABLE", ("torch", "triton"))  # what the backward work flips
-    assert dispatch.grad_reason("triton", q, k, v) is None
+        assert dispatch.grad_reason("cute", q, k, v) is None
+    monkeypatch.setattr(dispatch, "DIFFERENTIABLE", ("torch", "triton", "cute"))  # what a cute backward would flip
+    assert dispatch.grad_reason("cute", q, k, v) is None
 
 
 def test_torch_reference_gradients_match_dense_attention_at_density_one():

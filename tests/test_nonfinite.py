@@ -107,8 +107,8 @@ def test_finite_inputs_never_give_nan_or_inf__triton_interpreter(interp, case):
 
 
 def test_inputs_that_require_grad_never_get_a_detached_output__triton_interpreter(interp):
-    # issue 12 class 4 on the real Triton backend: auto differentiates (the torch reference until the backward
-    # kernels land), an explicit backend="triton" raises naming it and the alternative
+    # issue 12 class 4 on the real Triton backend: auto differentiates (Triton's own backward, kernels/triton/
+    # bwd.py, once DIFFERENTIABLE names it), an explicit backend without a backward raises naming the alternative
     r = interp["autograd"]
     assert "error" not in r, r.get("error")
     assert r["auto_grad_fn"] and r["grads_finite"] and r["no_grad_backend"] == "triton"

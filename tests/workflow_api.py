@@ -17,6 +17,24 @@ class WorkflowError(ValueError):
     pass
 
 
+def _vtuple(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in str(v).split(".") if x.isdigit())
+
+
+def not_made_for(wf: dict, version: str | None) -> str | None:
+    """Why workflow `wf` is not meant for ComfyUI `version` (its extra.psa_comfyui {"min", "max"}: a core node's
+    inputs changed between versions, e.g. Train LoRA's), else None."""
+    rng = (wf.get("extra") or {}).get("psa_comfyui") or {}
+    if version is None or not rng:
+        return None
+    v = _vtuple(version)
+    if "min" in rng and v < _vtuple(rng["min"]):
+        return f"made for ComfyUI >= {rng['min']}, this server is {version}"
+    if "max" in rng and v > _vtuple(rng["max"]):
+        return f"made for ComfyUI <= {rng['max']}, this server is {version}"
+    return None
+
+
 def _options(spec) -> list | None:
     if isinstance(spec[0], list):
         return spec[0]
@@ -87,8 +105,10 @@ def workflow_to_prompt(wf: dict, object_info: dict) -> dict:
                 check_value(f"{node['id']} ({typ})", name, spec, value)
                 inputs[name] = value
                 opts = spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
-                if opts.get("control_after_generate"):
-                    pos += 1  # the frontend stores the seed's "randomize"/"fixed" right after it
+                if opts.get("control_after_generate") or name in ("seed", "noise_seed"):
+                    # the frontend stores the seed's "randomize"/"fixed" right after it (for inputs named seed
+                    # or noise_seed even without the flag, e.g. Train LoRA's seed)
+                    pos += 1
         if pos != len(values):
             raise WorkflowError(f"node {node['id']} ({typ}): {len(values)} widget values, {pos} expected")
         for section in ("required",):

@@ -24,7 +24,8 @@ try:
 
     from . import fwd as _fwd
     from . import stats as _stats
-    from .reorder import gather_tokens, scatter_tokens
+    from . import train as _train
+    from .reorder import gather_tokens as _gather_plain, scatter_tokens as _scatter_plain
 
     _IMPORT_ERROR = None
 except Exception as e:  # kept and reported as the reason, never raised at import
@@ -232,8 +233,24 @@ else:
     _OP = None
 
 
+def gather_tokens(x: torch.Tensor, perm: torch.Tensor, n_prefix: int = 0) -> torch.Tensor:
+    """out[..., n_prefix + p, :] = x[..., n_prefix + perm[p], :] (reorder.py's kernel; differentiable when x
+    needs a gradient)."""
+    if _train.needs_grad(x):
+        return _train.gather_tokens(x, perm, n_prefix)
+    return _gather_plain(x, perm, n_prefix)
+
+
+def scatter_tokens(x: torch.Tensor, perm: torch.Tensor, n_prefix: int = 0) -> torch.Tensor:
+    """The inverse of gather_tokens(., perm, n_prefix) (differentiable when x needs a gradient)."""
+    if _train.needs_grad(x):
+        return _train.scatter_tokens(x, perm, n_prefix)
+    return _scatter_plain(x, perm, n_prefix)
+
+
 def forward(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None, n_prefix: int = 0):
-    """Piecewise sparse attention on [B, H, T, D] (kernels.dispatch contract). Routing is detached.
+    """Piecewise sparse attention on [B, H, T, D] (kernels.dispatch contract). Routing is detached. When q, k
+    or v needs a gradient (and grad mode is on) the differentiable op of train.py runs (backward: bwd.py).
 
     perm: optional Morton permutation of the tokens after `n_prefix` (kernels.reorder.orders_on(...)[0]);
     when given, q/k/v/out stay in the caller's order and the kernels gather through it (fused reorder).
@@ -243,6 +260,9 @@ def forward(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None, n_p
     split = split_large_batch(lambda qb, kb, vb: forward(qb, kb, vb, cfg, perm=perm, n_prefix=n_prefix), q, k, v)
     if split is not None:
         return split
+    if _train.needs_grad(q, k, v):
+        # autograd: the op that saves row statistics and has a backward (train.py)
+        return _train.forward(q, k, v, cfg, perm=perm, n_prefix=n_prefix)
     args = (q, k, v, float(cfg.density), cfg.variant, int(cfg.band), int(cfg.n_sink_blocks),
             bool(cfg.cov_bias), int(cfg.block_size), float(cfg.scale), perm, int(n_prefix))
     with torch.no_grad():

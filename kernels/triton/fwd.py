@@ -49,12 +49,13 @@ def _configs(tma: bool = False):
 
 @triton.jit
 def _psa_fwd_kernel(
-    Q, K, V, O, KBAR, VMEAN, HBAR, HSCALE, VBIAS, IDX, PERM, KD, VD,
+    Q, K, V, O, KBAR, VMEAN, HBAR, HSCALE, VBIAS, IDX, PERM, KD, VD, LSE,
     sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t, so_b, so_h, so_t,
     svb_bh, svb_i,
     HC, T, N, NSEL, N_VIRT, qk_scale, scale, out_max,
     D: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
     APPROX: tl.constexpr, HAS_PERM: tl.constexpr, USE_TMA: tl.constexpr, HAS_HSCALE: tl.constexpr,
+    STORE_LSE: tl.constexpr = False,
 ):
     LOG2E: tl.constexpr = 1.4426950408889634
     i_m, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -153,6 +154,9 @@ def _psa_fwd_kernel(
         b_acc += b_qh * (scale * b_g)[:, None]
 
     b_o = b_acc / b_l[:, None]
+    if STORE_LSE:
+        # log2 of the softmax denominator (in the running max's log2 units) per row, for the backward
+        tl.store(LSE + i_bh * T + o_tq, b_m + tl.log2(b_l), mask=m_tq)
     # non-finite contract: a finite result beyond the output dtype's range saturates instead of becoming inf
     b_o = tl.where((b_o > out_max) & (b_o < float("inf")), out_max, b_o)
     b_o = tl.where((b_o < -out_max) & (b_o > float("-inf")), -out_max, b_o)
@@ -229,9 +233,11 @@ def _tma_ok(device) -> bool:
     return _tma_state[key]
 
 
-def attention(q, k, v, out, st, idx, vbias, cfg, *, perm=None, config: dict | None = None):
+def attention(q, k, v, out, st, idx, vbias, cfg, *, perm=None, config: dict | None = None, lse=None):
     """Launch the fused kernel on [B, HC, T, D] views (unit last stride). `config` pins a tile config
-    (BLOCK_N, BLOCK_V, USE_TMA, num_warps, num_stages) instead of the autotuned one (tests, the tile sweep)."""
+    (BLOCK_N, BLOCK_V, USE_TMA, num_warps, num_stages) instead of the autotuned one (tests, the tile sweep).
+    `lse`: optional contiguous float32 [B, HC, T] that receives log2 of each row's softmax denominator (the
+    backward's row statistics; rows in token order, so not with `perm`)."""
     B, HC, T, D = q.shape
     bs = cfg.block_size
     n = -(-T // bs)
@@ -251,7 +257,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, perm=None, config: dict | No
         q, k, v, out,
         st.kbar_lp if approx else dummy, st.vmean_lp if approx else dummy,
         st.hbar_lp if approx else dummy, hscale if hscale is not None else dummy, vbias if approx else dummy, idx,
-        perm if perm is not None else dummy, kd, vd,
+        perm if perm is not None else dummy, kd, vd, lse if lse is not None else dummy,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
         vbias.stride(1) if approx else 0, vbias.stride(2) if approx else 0,
@@ -260,6 +266,9 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, perm=None, config: dict | No
     )
     grid = (n, HC, B)
     meta = dict(D=D, BS=bs, APPROX=approx, HAS_PERM=perm is not None, HAS_HSCALE=hscale is not None)
+    if lse is not None:
+        assert perm is None and lse.is_contiguous() and lse.shape == (B, HC, T) and lse.dtype == torch.float32
+        meta["STORE_LSE"] = True
     if config is not None:
         c = dict(config)
         _psa_fwd_kernel[grid](*args, **meta, BLOCK_N=c.pop("BLOCK_N"), BLOCK_V=c.pop("BLOCK_V"),

@@ -1,0 +1,77 @@
+"""Compile the Triton backward kernels (and the forward with its row-statistics output) for sm_90a on a machine
+without a GPU: Triton's NVIDIA backend lowers to PTX and its bundled ptxas assembles it, no driver needed. Run by
+tests/test_triton_compile.py in a subprocess; prints one line `RESULTS_JSON {...}`: per kernel and config whether
+it compiled, and ptxas' register count and spill-store bytes."""
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import traceback
+
+sys.path.insert(0, os.getcwd())
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from kernels.triton import bwd, fwd  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+BF, F32, I32 = "*bf16", "*fp32", "*i32"
+RES = {}
+
+
+def compile_one(name, fn, types, constexprs, warps, stages):
+    params = inspect.signature(fn.fn if hasattr(fn, "fn") else fn).parameters
+    sig = {p: ("constexpr" if p in constexprs else types.get(p, "i32")) for p in params}
+    rec = RES[name] = {"warps": warps, "stages": stages}
+    try:
+        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs), target=TARGET,
+                           options={"num_warps": warps, "num_stages": stages})
+        rec["compiled"] = True
+        rec["shared_bytes"] = k.metadata.shared
+        with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+            f.write(k.asm["ptx"])
+        if os.path.exists(PTXAS):
+            p = subprocess.run([PTXAS, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull], capture_output=True,
+                               text=True)
+            rec["ptxas_rc"] = p.returncode
+            regs = re.findall(r"Used (\d+) registers", p.stderr)
+            spills = re.findall(r"(\d+) bytes spill stores", p.stderr)
+            rec["registers"] = int(regs[0]) if regs else None
+            rec["spill_bytes"] = int(spills[0]) if spills else None
+        os.unlink(f.name)
+    except Exception:
+        rec["compiled"] = False
+        rec["error"] = traceback.format_exc()[-2000:]
+
+
+common = dict(D=128, BS=64)
+scal = {"qk_scale": "fp32", "scale": "fp32"}
+dq_types = {**{n: BF for n in ("Q", "K", "V", "DO", "DQ", "KBAR", "VMEAN", "HBAR")},
+            **{n: F32 for n in ("LSE", "DELTA", "DQ2", "GSUM", "CZ", "HSCALE")}, "ROW_OFF": I32, "ROW_J": I32,
+            "VBIAS": "*fp16", **scal}
+for var, (ap, pw) in {"pwt": (True, True), "pisa": (True, False), "drop": (False, False)}.items():
+    compile_one(f"dq_{var}", bwd._dq_kernel, dq_types, dict(common, BLOCK_V=64, APPROX=ap, PWT=pw), 8, 2)
+dkdv_types = {**{n: BF for n in ("Q", "K", "V", "DO", "DK", "DV")},
+              **{n: F32 for n in ("LSE", "DELTA", "DKBAR", "DVHAT", "DSIG2", "DH")}, "COL_OFF": I32, "COL_I": I32,
+              **scal}
+for var, (ap, pw) in {"pwt": (True, True), "drop": (False, False)}.items():
+    compile_one(f"dkdv_{var}", bwd._dkdv_kernel, dkdv_types, dict(common, APPROX=ap, PWT=pw), 8, 2)
+virt_types = {**{n: BF for n in ("Q", "DO", "KBAR", "VMEAN")},
+              **{n: F32 for n in ("LSE", "DELTA", "CZ", "DKBAR", "DVHAT", "DW")}, "VBIAS": "*fp16", **scal}
+for bv in (32, 64):
+    compile_one(f"virt_pwt_bv{bv}", bwd._virt_kernel, virt_types, dict(common, BLOCK_V=bv, ATOMIC=True, PWT=True), 8, 2)
+compile_one("dh", bwd._dh_kernel, {"Q": BF, "DO": BF, "GSUM": F32, "DH": F32, "scale": "fp32"}, dict(common), 8, 2)
+compile_one("rows", bwd._rows_kernel, {"Q": BF, "O": BF, "DO": BF, "HBAR": BF, "HSCALE": F32, "DELTA": F32, "CZ": F32,
+                                       "scale": "fp32"}, dict(common, APPROX=True), 8, 1)
+fwd_types = {**{n: BF for n in ("Q", "K", "V", "O", "KBAR", "VMEAN", "HBAR", "KD", "VD")}, "VBIAS": "*fp16",
+             "IDX": I32, "PERM": I32, "LSE": F32, "HSCALE": F32, "out_max": "fp32", **scal}
+compile_one("fwd_pwt_store_lse", fwd._psa_fwd_kernel, fwd_types,
+            dict(common, BLOCK_N=64, BLOCK_V=64, APPROX=True, HAS_PERM=False, USE_TMA=False, HAS_HSCALE=False,
+                 STORE_LSE=True), 4, 2)
+print("RESULTS_JSON " + json.dumps(RES))
