@@ -205,22 +205,24 @@ def sweep(q, k, v, density, out):
     D = q.shape[-1]
     cpwt = cfg_of("pwt", density, D)
     d = out.setdefault("sweep", {})
-    keep = (kts.FUSED, kts.HSUM_CTAS_PER_SM, kts.STATS_WARPS, kr.SELECT_KEYS, kr.SELECT_WARPS)
+    keep = (kts.STATS_DB, kts.HSUM_CTAS_PER_SM, kts.STATS_WARPS, kr.SELECT_KEYS, kr.SELECT_WARPS, kr.SCORE_DK,
+            kr.SCORE_WARPS)
     try:
-        for fused, per_sm, warps in ((False, 1, 8), (False, 2, 8), (False, 4, 8), (False, 2, 4), (True, 4, 8)):
-            kts.FUSED, kts.HSUM_CTAS_PER_SM, kts.STATS_WARPS = fused, per_sm, warps
-            timed(d, f"stats_fused{int(fused)}_persm{per_sm}_w{warps}_ms", lambda: kts.block_stats(q, k, v, cpwt))
-        kts.FUSED, kts.HSUM_CTAS_PER_SM, kts.STATS_WARPS = keep[:3]
+        for db, per_sm, warps in ((64, 2, 4), (32, 2, 4), (128, 2, 4), (64, 2, 8), (64, 1, 4)):
+            kts.STATS_DB, kts.HSUM_CTAS_PER_SM, kts.STATS_WARPS = db, per_sm, warps
+            timed(d, f"stats_db{db}_persm{per_sm}_w{warps}_ms", lambda: kts.block_stats(q, k, v, cpwt))
+        kts.STATS_DB, kts.HSUM_CTAS_PER_SM, kts.STATS_WARPS = keep[:3]
         st = kts.block_stats(q, k, v, cpwt)
-        for keys, warps in ((2048, 4), (4096, 4), (8192, 4), (8192, 8), (16384, 8), (4096, 2)):
-            kr.SELECT_KEYS, kr.SELECT_WARPS = keys, warps
+        for keys, warps, dk, sw in ((2048, 4, 128, 4), (2048, 4, 16, 8), (4096, 4, 128, 4), (8192, 4, 128, 4)):
+            kr.SELECT_KEYS, kr.SELECT_WARPS, kr.SCORE_DK, kr.SCORE_WARPS = keys, warps, dk, sw
 
             def once():
                 st.hbar_ready = False
                 return kts.route(st, cpwt, q.dtype)
-            timed(d, f"route_keys{keys}_w{warps}_ms", once)
+            timed(d, f"route_keys{keys}_w{warps}_scoredk{dk}_w{sw}_ms", once)
     finally:
-        kts.FUSED, kts.HSUM_CTAS_PER_SM, kts.STATS_WARPS, kr.SELECT_KEYS, kr.SELECT_WARPS = keep
+        (kts.STATS_DB, kts.HSUM_CTAS_PER_SM, kts.STATS_WARPS, kr.SELECT_KEYS, kr.SELECT_WARPS, kr.SCORE_DK,
+         kr.SCORE_WARPS) = keep
 
 
 def ditlike(shape, grid, density, backends, out):
