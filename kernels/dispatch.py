@@ -8,6 +8,7 @@ differentiates, and an explicit backend that does not raises: an output is never
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -35,6 +36,12 @@ def log_once(key: str, msg: str, *args, level=logging.INFO, logger: logging.Logg
         _logged.add(key)
     (logger or log).log(level, msg, *args)
     return True
+
+
+def on_device(x):
+    """`torch.cuda.device(x.device)` for a CUDA tensor, else a no-op: Triton and CuTe launch on the current CUDA
+    device, not the tensors' (several GPUs in one process: ComfyUI's MultiGPU CFG split, one thread per device)."""
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
 
 
 def _module(name: str):

@@ -25,17 +25,19 @@ import math
 import os
 import threading
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import torch
 
 from ..kernels import piecewise_sparse_attention, select_backend
 from ..kernels import dispatch as _dispatch
 from ..kernels.config import SparseConfig
-from . import chain, policy, training
+from . import chain, policy, state, training
 from .call import block_index_of, bind, grid_of, layout_of, unwrap, with_plain
 from .layout import _SCHEDULES, sigma_and_step  # noqa: F401 (tests read them here)
 from .models import ForwardInfo, forward_info, model_spec, token_order  # noqa: F401 (re-exported)
+from .state import (MAX_PROBES, PROBES, _RUNS, BranchState, ProbeRecord, RunState,  # noqa: F401 (re-exported)
+                    reset_run, run_state)
 
 log = logging.getLogger("piecewise_sparse_attention.nodes")
 
@@ -58,51 +60,8 @@ def log_once(key: str, msg: str, *args, level=logging.INFO) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------
-# per-run state (module level, keyed by the override's uid: the override itself is deep-copied by
-# ModelPatcher.clone(), so it holds no mutable state)
-
-@dataclass
-class BranchState:
-    self_calls: int = 0  # self-attention calls seen in the current forward of this branch
-
-
-@dataclass
-class ProbeRecord:
-    rel_err: dict[tuple[int, int], list[float]] = field(default_factory=dict)  # (step, block) -> errors
-    pattern: torch.Tensor | None = None  # [Nq, N] bool, exact blocks of one head of one layer
-    pattern_where: tuple[int, int] | None = None  # (step, block) of the pattern
-    n_steps: int | None = None
-    total_blocks: int = 0
-    tokens: int = 0
-    family: str = ""
-    knobs: policy.Knobs | None = None
-    tally: policy.Tally = field(default_factory=policy.Tally)
-    runs: int = 0
-
-
-@dataclass
-class RunState:
-    branches: dict[tuple, BranchState] = field(default_factory=dict)
-    sigma_window: tuple[float, float] | None = None
-    dense_sigma: float | None = None  # training: samples noisier than this stay dense (policy.training_dense_fraction)
-    tally: policy.Tally = field(default_factory=policy.Tally)
-
-
-_RUNS: dict[str, RunState] = {}
-PROBES: dict[str, ProbeRecord] = {}
-MAX_PROBES = 16  # probe records kept (most recent runs)
-
-
-def run_state(uid: str) -> RunState:
-    st = _RUNS.get(uid)
-    if st is None:
-        st = _RUNS[uid] = RunState()
-    return st
-
-
-def reset_run(uid: str) -> None:
-    _RUNS.pop(uid, None)
-
+# per-run state: nodes/state.py (module-level, keyed by the override's uid, locked: several devices' threads
+# call one override at once under ComfyUI's MultiGPU CFG split)
 
 # ---------------------------------------------------------------------------------------------------
 # the override
@@ -169,7 +128,7 @@ class SparseAttentionOverride:
 
     def _dense(self, func, args, kwargs, reason: str, st: RunState | None = None, entry: dict | None = None):
         """The call goes on dense (prev or ComfyUI's function); the reason is tallied and logged once."""
-        (st or run_state(self.uid)).tally.add(reason)
+        state.count(st or run_state(self.uid), reason)
         if not policy.is_routine(reason):
             log_once(f"reason:{self.family}:{reason}", "piecewise sparse attention (%s): dense because %s",
                      self.family, reason)
@@ -188,10 +147,7 @@ class SparseAttentionOverride:
             return b, None
         if not is_self:  # counted: the joint self-attention calls of the forward (not refiners, not audio)
             return None, None
-        bs = st.branches.setdefault(branch, BranchState())
-        b = bs.self_calls % max(1, self.total_blocks)
-        bs.self_calls += 1
-        return b, None
+        return state.next_block(st, branch, self.total_blocks), None
 
     def _call(self, func, args, kwargs):
         try:
@@ -224,7 +180,7 @@ class SparseAttentionOverride:
         operator, the others through the next attention, reassembled in batch order (differentiable)."""
         i_on = torch.tensor([b for b, x in enumerate(rows) if x], device=q.device, dtype=torch.long)
         i_off = torch.tensor([b for b, x in enumerate(rows) if not x], device=q.device, dtype=torch.long)
-        plan[1].tally.add(plan[2]["row_reasons"][int(i_off[0])])
+        state.count(plan[1], plan[2]["row_reasons"][int(i_off[0])])
         a, kw = with_plain(args, kwargs, q[i_on], k[i_on], v[i_on])
         on = self._sparse(func, a, kw, bound, q[i_on], k[i_on], v[i_on], *plan[1:])
         a, kw = with_plain(args, kwargs, q[i_off], k[i_off], v[i_off])
@@ -258,8 +214,8 @@ class SparseAttentionOverride:
             block, block_why = (training.block_from_stack(self.uid) if counted else None), None
         else:
             block, block_why = self._block_index(to, st, branch, counted)
-        entry = {"block": block, "q_len": lay.q_len, "k_len": lay.k_len, "branch": list(branch[0]), "step": None,
-                 "n_steps": None, "training": train, "recompute": train and training.in_recompute()}
+        entry = {"block": block, "q_len": lay.q_len, "k_len": lay.k_len, "branch": list(branch[0]), "device": branch[1],
+                 "step": None, "n_steps": None, "training": train, "recompute": train and training.in_recompute()}
         if lay.q_len is None or (lay.reason is not None and lay.q_len == lay.k_len):
             return lay.reason, st, entry, None, lay, None, 0, 0
         if block_why is None and to.get("block_index") is not None and fwd_reason is not None \
@@ -320,9 +276,9 @@ class SparseAttentionOverride:
                 log.exception("piecewise sparse attention: operator traceback")
             log_once(f"kernel-failure:{type(e).__name__}:{e}", "piecewise sparse attention: operator failure: "
                      "%s: %s", type(e).__name__, e, level=logging.WARNING)
-            st.tally.add("operator failed, ran dense")
+            state.count(st, "operator failed, ran dense")
             return self._next(func, args, kwargs)
-        st.tally.add(None)
+        state.count(st, None)
 
         if self.probe_id is not None:
             try:
@@ -335,20 +291,21 @@ class SparseAttentionOverride:
 
     def _probe(self, func, args, kwargs, qh, kh, vh, out, call, sinks, n_prefix, grid, skip_output_reshape):
         """Side-by-side: the dense result of this very call, its relative error, one kept-block pattern."""
-        rec = PROBES.setdefault(self.probe_id, ProbeRecord())
-        rec.knobs, rec.family, rec.total_blocks, rec.n_steps = self.knobs, self.family, self.total_blocks, call.n_steps
-        rec.tokens = call.q_len
+        rec = state.probe_record(self.probe_id)
         with torch.no_grad():
             dense = unwrap(self._next(func, args, kwargs))
             if not skip_output_reshape:
                 dense = dense.view(out.shape[0], out.shape[2], out.shape[1], out.shape[3]).transpose(1, 2)
             d = dense.float()
             err = float((out.float() - d).norm() / d.norm().clamp_min(1e-12))
-        rec.rel_err.setdefault((call.step if call.step is not None else -1, call.block), []).append(err)
-        mid = self.total_blocks // 2
-        if rec.pattern is None and call.block is not None and call.block >= mid:
-            rec.pattern = _kept_pattern(qh, kh, vh, self.knobs, sinks, n_prefix, grid)
-            rec.pattern_where = (call.step, call.block)
+        want_pattern = rec.pattern is None and call.block is not None and call.block >= self.total_blocks // 2
+        pattern = _kept_pattern(qh, kh, vh, self.knobs, sinks, n_prefix, grid) if want_pattern else None
+        with state.locked():  # several devices' threads probe at once (MultiGPU CFG split)
+            rec.knobs, rec.family, rec.total_blocks, rec.n_steps = self.knobs, self.family, self.total_blocks, call.n_steps
+            rec.tokens = call.q_len
+            rec.rel_err.setdefault((call.step if call.step is not None else -1, call.block), []).append(err)
+            if pattern is not None and rec.pattern is None:
+                rec.pattern, rec.pattern_where = pattern, (call.step, call.block)
 
 
 def slow_path_reason(q: torch.Tensor, head_dim: int, kn: policy.Knobs, *, on_gpu: bool | None = None,
@@ -475,7 +432,7 @@ class ForwardWrapper:
         x = args[0] if args else kwargs.get("x")
         device = str(x.device) if isinstance(x, torch.Tensor) else "?"
         st = run_state(self.override.uid)
-        st.branches[(tuple(to.get("cond_or_uncond", ()) or ()), device)] = BranchState()
+        state.new_forward(st, (tuple(to.get("cond_or_uncond", ()) or ()), device))
         prev_info = to.get(FORWARD_KEY)
         to[FORWARD_KEY] = info
         try:
@@ -520,10 +477,12 @@ class PreRunCallback:
         self.override = override
 
     def __call__(self, *args, **kwargs):
+        patcher = _patcher_in(args, kwargs)
+        if _is_multigpu_clone(patcher):
+            return  # the main patcher's pre_run, called first, started this run for every device
         reset_run(self.override.uid)
         st = run_state(self.override.uid)
         kn = self.override.knobs
-        patcher = _patcher_in(args, kwargs)
         if patcher is not None:
             try:
                 ms = patcher.get_model_object("model_sampling")
@@ -534,11 +493,13 @@ class PreRunCallback:
             except Exception as e:  # keep sampling; the policy reports the unknown window
                 log_once("sigma-window", "piecewise sparse attention: cannot resolve start/end percent (%s)", e)
         if self.override.probe_id is not None:
-            rec = PROBES.pop(self.override.probe_id, None)
-            runs = rec.runs if rec is not None else 0
-            PROBES[self.override.probe_id] = ProbeRecord(runs=runs + 1)
-            while len(PROBES) > MAX_PROBES:  # every prompt's probe node has a fresh id: forget the oldest
-                PROBES.pop(next(iter(PROBES)))
+            state.new_probe(self.override.probe_id)
+
+
+def _is_multigpu_clone(patcher) -> bool:
+    """A per-device clone of ComfyUI's MultiGPU CFG split (comfy/multigpu.py): it carries copies of our
+    callbacks, and its pre_run / cleanup follow the main patcher's within the same run."""
+    return bool(getattr(patcher, "is_multigpu_base_clone", False))
 
 
 class CleanupCallback:
@@ -548,6 +509,8 @@ class CleanupCallback:
         self.override = override
 
     def __call__(self, *args, **kwargs):
+        if _is_multigpu_clone(_patcher_in(args, kwargs)):
+            return  # the main patcher's cleanup, called first, ended the run
         st = _RUNS.get(self.override.uid)
         if st is not None and (st.tally.sparse or st.tally.dense):
             log.info("piecewise sparse attention (%s, %s d=%.3f): %s", self.override.family,

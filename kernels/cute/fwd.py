@@ -518,6 +518,15 @@ class PiecewiseSparseFwdSm90:
 _compiled: dict = {}
 _compile_seconds: dict = {}
 _lock = threading.Lock()
+_executors: dict = {}  # (compile key, device index) -> fn.to(device): one compile, one binding per GPU
+
+
+def _executor(fn, key, device: torch.device):
+    """`fn` bound to `device`: called directly, a compiled function runs on the device current at its first call."""
+    with _lock:
+        if (key, device.index) not in _executors:
+            _executors[key, device.index] = fn.to(device.index) if hasattr(fn, "to") else fn
+        return _executors[key, device.index]
 
 
 def compile_stats() -> dict:
@@ -598,6 +607,6 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
                 _compiled[key] = fn
                 log.info("piecewise_sparse_attention: cute kernel compiled for %s in %.1f s (once per process)",
                          "pisa/pwt" if approx else "drop", dt)
-    fn(*args, *scal, stream)
+    _executor(fn, key, q.device)(*args, *scal, stream)
     return out
 

@@ -17,6 +17,7 @@ import os
 import torch
 
 from ..config import SparseConfig
+from ..dispatch import on_device
 
 try:
     import triton  # noqa: F401
@@ -148,8 +149,14 @@ def _full_perm(perm, n_prefix, T, device):
     return full
 
 
-def _forward_impl(q, k, v, cfg: SparseConfig, *, routing=None, perm=None, n_prefix=0, config=None,
-                  scratch=None, attention=None):
+def _forward_impl(q, k, v, cfg: SparseConfig, **kw):
+    """_forward_heads on q's device (every launch below goes to the current CUDA device)."""
+    with on_device(q):
+        return _forward_heads(q, k, v, cfg, **kw)
+
+
+def _forward_heads(q, k, v, cfg: SparseConfig, *, routing=None, perm=None, n_prefix=0, config=None,
+                   scratch=None, attention=None):
     """q, k, v [B, H, T, D] (any strides with unit last stride). With `perm` (Morton order of the tokens
     after `n_prefix`) the inputs and the output are in the caller's order and the kernels read and write
     rows through the permutation: the reorder costs no extra pass.
@@ -272,8 +279,9 @@ def forward_with_routing(q, k, v, cfg: SparseConfig, routing, *, config: dict | 
 
 def prepare(q, k, v, cfg: SparseConfig):
     """(TritonStats, idx, vbias) for all heads at once: the routing this backend would use (tests, bench)."""
-    st = _stats.block_stats(_contig_last(q), _contig_last(k), _contig_last(v), cfg)
-    idx, vbias = _stats.route(st, cfg, q.dtype)
+    with on_device(q):
+        st = _stats.block_stats(_contig_last(q), _contig_last(k), _contig_last(v), cfg)
+        idx, vbias = _stats.route(st, cfg, q.dtype)
     return st, idx, vbias
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 
 import torch
 import triton
@@ -301,6 +302,9 @@ def _virt_configs():
 
 
 _KEY = ["D", "APPROX", "PWT"]
+# triton's Autotuner keeps the launch in flight on itself: one thread at a time in these (several GPUs of one
+# process each run their backward in their own autograd thread)
+_tune_lock = threading.Lock()
 _dq_tuned = triton.autotune(configs=_configs(((8, 2), (8, 3), (4, 2))), key=_KEY)(_dq_kernel)
 _dkdv_tuned = triton.autotune(configs=_configs(((8, 2), (8, 3), (4, 2))), key=_KEY)(_dkdv_kernel)
 # atomic adds into dkbar / dV^ when programs share a tile: zeroed before every benchmark run and the final one
@@ -392,10 +396,11 @@ def attention_backward(do, q, k, v, o, lse, vbias, st, cfg, dq, dk, dv, prof=Non
         split = max(1, min(n, math.ceil(2 * _n_sm(dev) / tiles)))
         per = triton.cdiv(n, split)
         split = triton.cdiv(n, per)
-        _virt_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_V"]), split, B * HC)](
-            q, do, lse, delta, cz, st.kbar_lp, st.vmean_lp, vbias, dkbar, dvhat, dw,
-            q.stride(0), q.stride(1), q.stride(2), do.stride(0), do.stride(1), do.stride(2),
-            HC, T, n, per, qk_scale, s, D=D, BS=bs, ATOMIC=split > 1, PWT=pwt)
+        with _tune_lock:
+            _virt_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_V"]), split, B * HC)](
+                q, do, lse, delta, cz, st.kbar_lp, st.vmean_lp, vbias, dkbar, dvhat, dw,
+                q.stride(0), q.stride(1), q.stride(2), do.stride(0), do.stride(1), do.stride(2),
+                HC, T, n, per, qk_scale, s, D=D, BS=bs, ATOMIC=split > 1, PWT=pwt)
         _mark(prof, "virtual")
         if pwt:
             # the gate in float32 from the same statistics the forward's w came from (a NaN w is gated too);
@@ -412,14 +417,15 @@ def attention_backward(do, q, k, v, o, lse, vbias, st, cfg, dq, dk, dv, prof=Non
         dkbar = dvhat = dq2 = dsig2 = dummy
 
     gsum = torch.empty(B, HC, T, device=dev, dtype=f32) if approx else dummy
-    _dq_tuned[(n, HC, B)](
-        q, k, v, do, dq, lse, delta, row_off, row_j,
-        st.kbar_lp if approx else dummy, st.vmean_lp if approx else dummy, hbar, hscale, vbias, dq2, gsum, cz,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
-        dq.stride(0), dq.stride(1), dq.stride(2),
-        HC, T, n, n_virt, qk_scale, s,
-        D=D, BS=bs, BLOCK_V=64, APPROX=approx, PWT=pwt)
+    with _tune_lock:
+        _dq_tuned[(n, HC, B)](
+            q, k, v, do, dq, lse, delta, row_off, row_j,
+            st.kbar_lp if approx else dummy, st.vmean_lp if approx else dummy, hbar, hscale, vbias, dq2, gsum, cz,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
+            dq.stride(0), dq.stride(1), dq.stride(2),
+            HC, T, n, n_virt, qk_scale, s,
+            D=D, BS=bs, BLOCK_V=64, APPROX=approx, PWT=pwt)
     _mark(prof, "dq")
 
     if approx:
@@ -431,11 +437,12 @@ def attention_backward(do, q, k, v, o, lse, vbias, st, cfg, dq, dk, dv, prof=Non
         _mark(prof, "dh")
     else:
         dh = dummy
-    _dkdv_tuned[(n, HC, B)](
-        q, k, v, do, dk, dv, lse, delta, col_off, col_i, dkbar, dvhat, dsig2, dh,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
-        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-        HC, T, n, qk_scale, s, D=D, BS=bs, APPROX=approx, PWT=pwt)
+    with _tune_lock:
+        _dkdv_tuned[(n, HC, B)](
+            q, k, v, do, dk, dv, lse, delta, col_off, col_i, dkbar, dvhat, dsig2, dh,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
+            dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+            HC, T, n, qk_scale, s, D=D, BS=bs, APPROX=approx, PWT=pwt)
     _mark(prof, "dkdv")
     return dq, dk, dv

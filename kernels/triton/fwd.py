@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 
 import torch
 import triton
@@ -164,10 +165,26 @@ def _psa_fwd_kernel(
 
 
 _KEY = ["D", "APPROX", "HAS_PERM", "HAS_HSCALE"]  # + the dtypes of the tensor arguments (Triton adds them)
-_tuned_ptr = triton.autotune(configs=_configs(False), key=_KEY)(_psa_fwd_kernel)
-_tuned_tma = triton.autotune(configs=_configs(True), key=_KEY)(_psa_fwd_kernel)
+# One autotuner per (GPU architecture, TMA or not): a tuner's cache has no device in its key, and a config tuned
+# on one architecture need not fit another's shared memory (several GPUs of one process, e.g. ComfyUI's
+# MultiGPU CFG split). A tuner keeps the arguments of the launch in flight on itself (triton's Autotuner.nargs,
+# cleared after every launch), so two threads must never be inside one at once: `_tune_lock` serialises the
+# autotuned launches (a launch is asynchronous, so only its few microseconds of host work wait).
+_tuners: dict = {}
+_tune_lock = threading.Lock()
 _seen: set = set()
 _tma_state: dict = {}
+_tma_lock = threading.Lock()
+
+
+def _tuner(device, tma: bool):
+    arch = torch.cuda.get_device_capability(device) if device.type == "cuda" else device.type
+    key = (arch, bool(tma))
+    t = _tuners.get(key)
+    if t is None:
+        with _tune_lock:
+            t = _tuners.setdefault(key, triton.autotune(configs=_configs(tma), key=_KEY)(_psa_fwd_kernel))
+    return t
 
 
 def _descs(q, k, v, bs):
@@ -187,7 +204,11 @@ def _tma_ok(device) -> bool:
     if _INTERPRET or TensorDescriptor is None or device.type != "cuda":
         return False
     key = str(device)
-    if key not in _tma_state:
+    if key in _tma_state:
+        return _tma_state[key]
+    with _tma_lock:  # one probe per device, even when several threads arrive at once
+        if key in _tma_state:
+            return _tma_state[key]
         ok = torch.cuda.get_device_capability(device)[0] >= 9 and os.environ.get("PSA_TRITON_TMA", "1") != "0"
         if ok:
             try:
@@ -253,14 +274,15 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, perm=None, config: dict | No
         _psa_fwd_kernel[grid](*args, **meta, BLOCK_N=c.pop("BLOCK_N"), BLOCK_V=c.pop("BLOCK_V"),
                               USE_TMA=c.pop("USE_TMA", False), **c)
         return out
-    tuner = _tuned_tma if want_tma else _tuned_ptr
-    key = (str(q.dtype), D, approx, perm is not None, want_tma)
-    first = key not in _seen and not _INTERPRET
-    if first:
-        _seen.add(key)
-        log.info("piecewise_sparse_attention: triton autotune for %s head_dim %d (%s), once per process "
-                 "(a few seconds)", q.dtype, D, "pisa/pwt" if approx else "drop")
-    tuner[grid](*args, **meta)
-    if first and getattr(tuner, "best_config", None) is not None:
-        log.info("piecewise_sparse_attention: triton autotune picked %s", tuner.best_config)
+    tuner = _tuner(q.device, want_tma)
+    key = (str(q.dtype), D, approx, perm is not None, want_tma, id(tuner))
+    with _tune_lock:
+        first = key not in _seen and not _INTERPRET
+        if first:
+            _seen.add(key)
+            log.info("piecewise_sparse_attention: triton autotune for %s head_dim %d (%s) on %s, once per process "
+                     "and GPU architecture (a few seconds)", q.dtype, D, "pisa/pwt" if approx else "drop", q.device)
+        tuner[grid](*args, **meta)
+        if first and getattr(tuner, "best_config", None) is not None:
+            log.info("piecewise_sparse_attention: triton autotune picked %s", tuner.best_config)
     return out

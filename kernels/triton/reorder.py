@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..dispatch import on_device
+
 
 @triton.jit
 def _permute_rows_kernel(
@@ -51,10 +53,11 @@ def _permute(x: torch.Tensor, perm: torch.Tensor, n_prefix: int, scatter: bool) 
     block_d = triton.next_power_of_2(D)
     block_t = max(1, 4096 // block_d)
     grid = (triton.cdiv(T, block_t), B * H)
-    _permute_rows_kernel[grid](
-        x, y, perm, x.stride(0), x.stride(1), x.stride(2), y.stride(0), y.stride(1), y.stride(2),
-        H, T, n_prefix, D=D, BLOCK_D=block_d, BLOCK_T=block_t, SCATTER=scatter, num_warps=4,
-    )
+    with on_device(x):
+        _permute_rows_kernel[grid](
+            x, y, perm, x.stride(0), x.stride(1), x.stride(2), y.stride(0), y.stride(1), y.stride(2),
+            H, T, n_prefix, D=D, BLOCK_D=block_d, BLOCK_T=block_t, SCATTER=scatter, num_warps=4,
+        )
     return y
 
 

@@ -21,6 +21,7 @@ from types import SimpleNamespace
 import torch
 
 from ..config import SparseConfig
+from ..dispatch import on_device
 from . import bwd as _bwd
 from . import fwd as _fwd
 from . import reorder as _reorder
@@ -46,6 +47,11 @@ def _heads_per_chunk(B, H, T, D, cfg, elem_bytes) -> int:
 def forward_saving(q, k, v, cfg: SparseConfig, *, routing=None):
     """(out, lse, vbias, stats) of the Triton forward on [B, H, T, D] (unit last stride), keeping what the
     backward needs. With `routing` (a kernels.routing.Routing) the exact sets and w are taken from it."""
+    with on_device(q):  # the launches go to the current CUDA device: make it q's
+        return _forward_saving(q, k, v, cfg, routing=routing)
+
+
+def _forward_saving(q, k, v, cfg: SparseConfig, *, routing=None):
     from . import _contig_last, prepare
     from .stats import vbias_from_routing
 
@@ -94,6 +100,11 @@ def forward_saving(q, k, v, cfg: SparseConfig, *, routing=None):
 def backward(do, q, k, v, out, lse, vbias, stats, cfg: SparseConfig, prof=None):
     """(dq, dk, dv) in the input dtype, head chunk by head chunk (bwd.attention_backward; `prof` collects
     its per-stage CUDA events)."""
+    with on_device(q):
+        return _backward_heads(do, q, k, v, out, lse, vbias, stats, cfg, prof)
+
+
+def _backward_heads(do, q, k, v, out, lse, vbias, stats, cfg: SparseConfig, prof=None):
     from . import _contig_last
 
     q, k, v, out, do = (_contig_last(x) for x in (q, k, v, out, do))
