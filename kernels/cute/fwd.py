@@ -39,18 +39,8 @@ softmax on one resident tile) 4.85 ms; this kernel runs drop in 5.6-5.9 ms (benc
 which MATH.md does not allow, or tiles shared between query blocks (TMA multicast in a cluster), which only
 pays on inputs whose adjacent lists overlap (their union is 0.68 of the two lists on DiT-like Morton
 inputs, ~1.0 measured on random ones).
-Kept: the software pipeline (drop 5.97 -> 5.67-5.85 ms); the list read by warp ballots (one load per lane,
-the partial last block's list position found once, so the loop reads no global memory) and compile-time row
-slots everywhere (no local memory), together 7.17 -> 6.51 ms under ncu; the running max of raw scores
-scaled once per row, and the output rescale skipped per row when the max did not move (exactly alpha = 1);
-4 stages (3% faster than 5 once the loop stopped reading memory). Measured and not kept: (1) two query
-blocks per CTA streaming the union of their lists: 6.75-7.2 ms vs 5.97 ms, the two warpgroups wait on each
-other's stages and one CTA per SM leaves gaps; (2) a lazy running max (rescale only when it grows by 2^8):
-no gain, P rounds differently (2e-3 from Triton instead of 2e-5); (3) an exact loop that never waits for the
-P V product (P double-buffered, V released a step late, rescale behind a warpgroup vote): bit-identical,
-but 6.75 ms vs 5.71 ms. In the kept loop ptxas hoists the wait for P V to the top of the softmax block
-(SASS), so a warpgroup's softmax does not overlap its own P V product; S_n and P_{n-1} V_{n-1} go to the
-tensor cores back to back, and the softmax overlaps the other CTA's GEMMs on the same SM.
+The design choices kept and the ones measured and dropped (two query blocks per CTA over the union of their
+lists, a lazy running max, an exact loop that never waits for P V) are in bench/results/cute_iterations_h200.md.
 
 Shapes are runtime values (T, N, K, heads, batch): one compile per (variant family, stages) serves every
 shape (1.5-3.5 s on the first call in a process, compile_stats()); cutlass-dsl also keeps compiled

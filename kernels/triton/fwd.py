@@ -177,8 +177,14 @@ _tma_state: dict = {}
 _tma_lock = threading.Lock()
 
 
+_arch: dict = {}
+
+
 def _tuner(device, tma: bool):
-    arch = torch.cuda.get_device_capability(device) if device.type == "cuda" else device.type
+    arch = _arch.get(str(device))
+    if arch is None:  # one driver query per device, not per launch
+        arch = _arch.setdefault(str(device), torch.cuda.get_device_capability(device) if device.type == "cuda"
+                                else device.type)
     key = (arch, bool(tma))
     t = _tuners.get(key)
     if t is None:
