@@ -343,6 +343,10 @@ class UI:
         self.page.evaluate("async (wf) => { await app.loadGraphData(wf); }", wf)
         # the frontend validates the file against its schema and says so in a toast, not in the console
         self.page.wait_for_timeout(300)
+        # a dialog the load opened (e.g. missing models or nodes) would cover the canvas for every later test
+        if self.page.evaluate("() => document.querySelectorAll('.p-dialog').length") > 0:
+            self.page.keyboard.press("Escape")
+            self.page.wait_for_timeout(100)
         self.redraw()
 
     def toasts(self) -> list[str]:
