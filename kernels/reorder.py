@@ -7,6 +7,7 @@ non-power-of-two grid simply do not exist. Prefix tokens (e.g. FLUX text) stay i
 from __future__ import annotations
 
 import functools
+import math
 import threading
 
 import torch
@@ -69,3 +70,27 @@ def apply_reorder(x: torch.Tensor, perm: torch.Tensor, n_prefix: int = 0) -> tor
 
 def undo_reorder(x: torch.Tensor, inv: torch.Tensor, n_prefix: int = 0) -> torch.Tensor:
     return apply_reorder(x, inv, n_prefix)
+
+
+_front_orders: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def front_order(n_prefix: int, grid, n_suffix: int, morton: bool, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(perm, inv) over all T = n_prefix + prod(grid) + n_suffix tokens: x[..., perm, :] puts the prefix, then
+    the suffix, then the grid tokens (Morton order when `morton`) in a row; y[..., inv, :] undoes it. Exact tokens
+    behind the grid (text last, pads) then sit in front as sink blocks. Cached per (layout, device)."""
+    grid = tuple(int(g) for g in grid)
+    key = (int(n_prefix), grid, int(n_suffix), bool(morton), str(device))
+    hit = _front_orders.get(key)
+    if hit is None:
+        n_grid = math.prod(grid)
+        inner = morton_order(grid) if morton else torch.arange(n_grid)
+        perm = torch.cat([torch.arange(n_prefix), torch.arange(n_prefix + n_grid, n_prefix + n_grid + n_suffix),
+                          n_prefix + inner])
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(perm.numel())
+        with _lock:
+            if len(_front_orders) > 64:
+                _front_orders.clear()
+            hit = _front_orders[key] = (perm.to(device), inv.to(device))
+    return hit

@@ -33,20 +33,17 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 
 import torch
 
 from .api import piecewise_sparse_attention
 from .config import as_grid
 from .dispatch import log_once
-from .reorder import morton_order
+from .reorder import front_order
 
 log = logging.getLogger("piecewise_sparse_attention")
 
 LAYOUTS = ("bshd", "sbhd", "bhsd")
-_orders: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-_orders_lock = threading.Lock()
 
 
 def _to_bhsd(x: torch.Tensor, layout: str) -> torch.Tensor:
@@ -63,23 +60,6 @@ def _from_bhsd(x: torch.Tensor, layout: str) -> torch.Tensor:
     if layout == "sbhd":
         return x.permute(2, 0, 1, 3)
     return x
-
-
-def _front_order(n_prefix: int, grid: tuple[int, ...], n_suffix: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(perm, inv): x[..., perm, :] = [prefix | suffix | grid in Morton order]; y[..., inv, :] undoes it."""
-    key = (n_prefix, grid, n_suffix, str(device))
-    hit = _orders.get(key)
-    if hit is None:
-        n_grid = math.prod(grid)
-        perm = torch.cat([torch.arange(n_prefix), torch.arange(n_prefix + n_grid, n_prefix + n_grid + n_suffix),
-                          n_prefix + morton_order(grid)])
-        inv = torch.empty_like(perm)
-        inv[perm] = torch.arange(perm.numel())
-        with _orders_lock:
-            if len(_orders) > 64:
-                _orders.clear()
-            hit = _orders[key] = (perm.to(device), inv.to(device))
-    return hit
 
 
 def head_shard_attention(q, k, v, *, layout: str = "bshd", grid=None, n_prefix: int = 0, n_suffix: int = 0,
@@ -128,13 +108,7 @@ def head_shard_attention(q, k, v, *, layout: str = "bshd", grid=None, n_prefix: 
                                          n_prefix=n_prefix, **common)
         return _from_bhsd(out, layout)
     # exact tokens behind the grid: one permutation puts them in front (Morton composed in), undone on the output
-    if reorder == "morton":
-        perm, inv = _front_order(n_prefix, g, n_suffix, qh.device)
-    else:
-        perm = torch.cat([torch.arange(n_prefix), torch.arange(T - n_suffix, T), torch.arange(n_prefix, T - n_suffix)])
-        inv = torch.empty_like(perm)
-        inv[perm] = torch.arange(T)
-        perm, inv = perm.to(qh.device), inv.to(qh.device)
+    perm, inv = front_order(n_prefix, g, n_suffix, reorder == "morton", qh.device)
     qh, kh, vh = (t.index_select(2, perm) for t in (qh, kh, vh))
     out = piecewise_sparse_attention(qh, kh, vh, **common).index_select(2, inv)
     return _from_bhsd(out, layout)

@@ -19,12 +19,11 @@ an ordinary prefix of sink blocks. No ComfyUI import here.
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass
 
 import torch
 
-from ..kernels.reorder import morton_order
+from ..kernels.reorder import front_order
 from . import policy
 
 
@@ -234,26 +233,5 @@ _LAYOUTS = {"wan": _wan, "flux": _flux, "qwen_image": _qwen_image, "lumina2": _l
 # ---------------------------------------------------------------------------------------------------
 # one token permutation for layouts with exact tokens behind the grid
 
-_order_lock = threading.Lock()
-_ORDERS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-def token_order(n_prefix: int, grid, n_suffix: int, morton: bool, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(perm, inv) over all T = n_prefix + prod(grid) + n_suffix tokens: x[..., perm, :] puts the prefix, then
-    the suffix, then the grid tokens (Morton order when `morton`) in a row; y[..., inv, :] undoes it. Cached per
-    (layout, device)."""
-    grid = tuple(int(g) for g in grid)
-    key = (int(n_prefix), grid, int(n_suffix), bool(morton), str(device))
-    hit = _ORDERS.get(key)
-    if hit is None:
-        n_grid = math.prod(grid)
-        inner = morton_order(grid) if morton else torch.arange(n_grid)
-        perm = torch.cat([torch.arange(n_prefix), torch.arange(n_prefix + n_grid, n_prefix + n_grid + n_suffix),
-                          n_prefix + inner])
-        inv = torch.empty_like(perm)
-        inv[perm] = torch.arange(perm.numel())
-        with _order_lock:
-            if len(_ORDERS) > 64:
-                _ORDERS.clear()
-            hit = _ORDERS[key] = (perm.to(device), inv.to(device))
-    return hit
+# the one permutation for exact tokens behind the grid (kernels.reorder.front_order; the Ulysses adapter uses it too)
+token_order = front_order
