@@ -133,3 +133,9 @@ def test_select_kernel_keeps_the_best_by_score_then_lowest_id(res):
     r = get(res, "select_kernel_equals_a_sorted_topk_on_crafted_scores")
     assert len(r) == 4 and any(name.endswith("rows1") for name in r)
     assert all(r.values()), r
+
+
+def test_routing_score_slices_are_clamped_to_the_head_dim(res):
+    r = get(res, "score_slices_wider_than_the_head_dim")
+    for dk, d in r.items():
+        assert d["idx_equal_torch"] and d["bias_maxdiff"] <= 1e-5, (dk, d)

@@ -252,6 +252,28 @@ def _():
     return out
 
 
+@case("score_slices_wider_than_the_head_dim")
+def _():
+    # the GPU's whole-D score slice (SCORE_DK = 128) at head_dim 64: the slice is clamped to D, never reading
+    # past a row (the next block's statistics, or past the buffer at the last row)
+    from kernels.triton import route as kr
+    q, k, v = (rnd(1, 2, 64 * 9 + 5, 64, seed=150 + s) for s in range(3))
+    cfg = cfg_of(64, 0.3, "pwt")
+    keep = kr.SCORE_DK
+    out = {}
+    try:
+        for dk in (16, 128):
+            kr.SCORE_DK = dk
+            st = stats.block_stats(q, k, v, cfg)
+            idx, vbias = stats.route(st, cfg, q.dtype)
+            idx_t, vb_t = stats.route_torch(st, cfg, q.dtype)
+            out[f"dk{dk}"] = {"idx_equal_torch": bool(torch.equal(idx, idx_t)),
+                              "bias_maxdiff": float((vbias.float() - vb_t.float()).nan_to_num(0, 0, 0).abs().max())}
+    finally:
+        kr.SCORE_DK = keep
+    return out
+
+
 @case("routing_ties_keep_the_lowest_block_ids")
 def _():
     # every key block the same: all scores of a row tie, so the budget beyond the forced band is filled by

@@ -276,7 +276,7 @@ def route(st, cfg: SparseConfig, dtype: torch.dtype, *, score_bytes: int = 256 *
             hs = min(hsub, HC - h0)
             _scores_kernel[(triton.cdiv(n, 64), triton.cdiv(n, 64), B * hs)](
                 *stat_args, score, vbias, *hargs, n, npart, HC, h0, hs, *common, scale, 0.5 * scale * scale,
-                math.log(cfg.block_size), 1.0 / n, D=D, BM=64, BN=64, DK=SCORE_DK, PWT=pwt, COV=cov,
+                math.log(cfg.block_size), 1.0 / n, D=D, BM=64, BN=64, DK=min(SCORE_DK, D), PWT=pwt, COV=cov,
                 FINAL_H=final_h, PREC=_PREC, num_warps=SCORE_WARPS, num_stages=1,
             )
             _select_kernel[(triton.cdiv(n, rows), B * hs)](
