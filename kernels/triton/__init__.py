@@ -215,13 +215,13 @@ def _forward_gathered(q, k, v, out, cfg, perm, fperm, n_prefix, config, scratch,
     """_forward_heads with the Morton gather inside the statistics kernel: per head chunk it reads q, k, v
     through `fperm` once and writes block-order copies (one [B, H, T, D] buffer each, allocated here), routing
     and attention then run on those as on unpermuted inputs, and one scatter writes the output back into
-    `out` (the caller's layout, so a [B, L, H, D] caller's view needs no further copy). The attention writes
-    its block-order output over the gathered q (each query block's rows are read before they are written,
-    by the program that owns them), so the scratch is 3x q's bytes."""
+    `out` (the caller's layout, so a [B, L, H, D] caller's view needs no further copy). Scratch: 4x q's bytes
+    (the block-order output has its own buffer: writing it over the gathered q corrupts q whenever a kernel
+    runs more than once on the same arguments, as Triton's autotuner does on a new key)."""
     B, H, T, D = q.shape
     n = -(-T // cfg.block_size)
     g = torch.empty((3, B, H, T, D), device=q.device, dtype=q.dtype)
-    og = g[0]
+    og = torch.empty((B, H, T, D), device=q.device, dtype=q.dtype)
     k_est = cfg.budget(n) + 2 * cfg.band + 1 + cfg.n_sink_blocks
     frac = _scratch_fraction() if scratch is None else scratch
     hc = H if frac <= 0 else _heads_per_chunk(B, H, T, D, cfg, q.element_size(), min(n, k_est), frac, q.device)
