@@ -236,9 +236,9 @@ def _n_sm(device) -> int:
 # made no difference between 1 and 4 (the [D, D] accumulator allows one resident CTA at 8 warps)
 HSUM_CTAS_PER_SM = 2
 STATS_WARPS = 4
-STATS_DB = 32  # columns per statistics program
-STATS_BLOCKS = 8  # blocks per statistics program (a loop; with STATS_PREFETCH the next block's loads fly
-STATS_PREFETCH = True  # while this one's reductions run)
+STATS_DB = 64  # columns per statistics program
+STATS_BLOCKS = 1  # blocks per statistics program (a loop; with STATS_PREFETCH the next block's loads fly
+STATS_PREFETCH = False  # while this one's reductions run)
 STATS_MIN_WAVES = 8  # at least this many statistics programs per SM before blocks are grouped
 
 
