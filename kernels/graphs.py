@@ -137,8 +137,13 @@ def cuda_capture(fn, inputs):
                 fn(*inputs)
         cur.wait_stream(side)
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=side, capture_error_mode="thread_local"):
-            out = fn(*inputs)
+        try:
+            with torch.cuda.graph(g, stream=side, capture_error_mode="thread_local"):
+                out = fn(*inputs)
+        finally:
+            # a failed capture_end skips torch.cuda.graph's own stream restore: the caller's stream comes back here
+            if torch.cuda.current_stream(device) != cur:
+                torch.cuda.set_stream(cur)
     return g, out
 
 
