@@ -314,10 +314,14 @@ def flux_node(density, backends, out):
         eager = psa(q, k, v, **kw)
         _graphs_env(True)
         graphs.clear()
-        base = torch.cuda.memory_allocated()
+        empty()
+        base, base_res = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
         timed(d, f"{be}_graphs_ms", lambda: psa(q, k, v, **kw))
         d[f"{be}_graphs_equal_eager"] = bool(torch.equal(psa(q, k, v, **kw), eager))
+        # live bytes of the entry (static q, k, v, output) and, after empty_cache, what stays reserved (+ its pool)
         d[f"{be}_graphs_held_MiB"] = (torch.cuda.memory_allocated() - base) / 2**20
+        empty()
+        d[f"{be}_graphs_reserved_MiB"] = (torch.cuda.memory_reserved() - base_res) / 2**20
         d[f"{be}_graphs_counts"] = dict(graphs.cache().counts)
         graphs.clear()
         _graphs_env(False)
