@@ -143,6 +143,18 @@ def attention_free(func, *args, **kwargs):
     return q
 
 
+def self_attention_free(func, *args, **kwargs):
+    """Override that skips self-attention only (q and k of one length): the cross-attention to the text still
+    runs through ComfyUI's function, as it does under our override (bounds a self-attention speed-up)."""
+    q, k = args[0], args[1]
+    if not hasattr(q, "shape"):
+        q, k = q.take(), k.take()
+    ax = 2 if kwargs.get("skip_reshape") else 1
+    if q.shape[ax] != k.shape[ax]:
+        return func(*args, **kwargs)
+    return attention_free(func, *args, **kwargs)
+
+
 class FA4Dense:
     """Override: self-attention through FA4 (dense), everything else through ComfyUI's function."""
 
@@ -228,6 +240,7 @@ def run_resolution(res: str, model, cfg: dict, args, env, results: dict) -> list
     mid_sigma = float(sched[PROTOCOL_STEPS // 2])  # a step after the dense 20%
     dense_out = record("dense_sdpa", lambda: forward({"sigmas": torch.tensor([mid_sigma]), "sample_sigmas": sched}))
     record("attn_free", lambda: forward({patch.OVERRIDE: attention_free}))
+    record("self_attn_free", lambda: forward({patch.OVERRIDE: self_attention_free}))
     if env.get("fa4") is not None:
         record("fa4_dense", lambda: forward({patch.OVERRIDE: FA4Dense(env["fa4"])}))
 
@@ -252,6 +265,12 @@ def run_resolution(res: str, model, cfg: dict, args, env, results: dict) -> list
         row["attention_s"] = med["dense_sdpa"] - med["attn_free"]
         row["attention_share"] = row["attention_s"] / med["dense_sdpa"]
         row["bound_speedup"] = med["dense_sdpa"] / med["attn_free"]
+    if med.get("dense_sdpa") and med.get("self_attn_free") and med.get("attn_free"):
+        row["self_attention_s"] = med["dense_sdpa"] - med["self_attn_free"]
+        row["cross_attention_s"] = med["self_attn_free"] - med["attn_free"]
+        row["self_bound_speedup"] = med["dense_sdpa"] / med["self_attn_free"]
+    if med.get("sparse") and med.get("self_attn_free"):
+        row["sparse_self_attention_s"] = med["sparse"] - med["self_attn_free"]
     for k in ("sparse", "fa4_dense", "protocol_sparse"):
         if med.get(k) and med.get("dense_sdpa"):
             row[f"{k}_speedup"] = med["dense_sdpa"] / med[k]
@@ -302,6 +321,18 @@ def table(results: dict) -> str:
               "sparse_vs_dense_rel_err (random weights, a sanity number only): "
               + ", ".join(f"{r['resolution']} {r.get('sparse_vs_dense_rel_err', float('nan')):.3f}"
                           for r in results["rows"])]
+    split = [r for r in results["rows"] if "self_attention_s" in r]
+    if split:
+        lines += ["", "Self- vs cross-attention (self_attn_free skips only the self-attention; the T5 cross-attention "
+                  "still runs dense, as under our override):", "",
+                  "| res | self-attention-free step (bound) | dense self-attention | cross-attention | "
+                  "our self-attention in the sparse step | vs dense self-attention |", "|---|---|---|---|---|---|"]
+        for r in split:
+            ours = r.get("sparse_self_attention_s")
+            lines.append(f"| {r['resolution']} | {r['steps']['self_attn_free']['median_s']:.3f} s "
+                         f"({r['self_bound_speedup']:.2f}x) | {r['self_attention_s']:.3f} s | "
+                         f"{r['cross_attention_s']:.3f} s | " + ("-" if ours is None else f"{ours:.3f} s") + " | "
+                         + ("-" if not ours else f"{r['self_attention_s'] / ours:.2f}x") + " |")
     if results["failures"]:
         lines += ["", "FAILURES:"] + [f"- {f}" for f in results["failures"]]
     return "\n".join(lines) + "\n"

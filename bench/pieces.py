@@ -206,24 +206,39 @@ def sweep(q, k, v, density, out):
     D = q.shape[-1]
     cpwt = cfg_of("pwt", density, D)
     d = out.setdefault("sweep", {})
-    keep = (kts.STATS_DB, kts.HSUM_CTAS_PER_SM, kts.STATS_WARPS, kr.SELECT_KEYS, kr.SELECT_WARPS, kr.SCORE_DK,
-            kr.SCORE_WARPS)
+    keep = (kts.STATS_DB, kts.STATS_PREFETCH, kts.STATS_BLOCKS, kts.STATS_WARPS, kr.SELECT_KEYS, kr.SELECT_WARPS,
+            kr.SCORE_DK, kr.SCORE_WARPS)
     try:
-        for db, per_sm, warps in ((64, 2, 4), (32, 2, 4), (128, 2, 4), (64, 2, 8), (64, 1, 4)):
-            kts.STATS_DB, kts.HSUM_CTAS_PER_SM, kts.STATS_WARPS = db, per_sm, warps
-            timed(d, f"stats_db{db}_persm{per_sm}_w{warps}_ms", lambda: kts.block_stats(q, k, v, cpwt))
-        kts.STATS_DB, kts.HSUM_CTAS_PER_SM, kts.STATS_WARPS = keep[:3]
+        # (columns per program, prefetch the next block, blocks per program, warps); (64, False, 1, 4) is the
+        # previous one-block-per-program kernel
+        for db, pre, blocks, warps in ((32, True, 8, 4), (64, True, 8, 4), (32, False, 8, 4), (32, True, 4, 4),
+                                       (32, True, 16, 4), (64, True, 8, 8), (32, True, 8, 8), (64, False, 1, 4),
+                                       (32, False, 1, 4)):
+            kts.STATS_DB, kts.STATS_PREFETCH, kts.STATS_BLOCKS, kts.STATS_WARPS = db, pre, blocks, warps
+            timed(d, f"stats_db{db}_pre{int(pre)}_g{blocks}_w{warps}_ms", lambda: kts.block_stats(q, k, v, cpwt))
+        kts.STATS_DB, kts.STATS_PREFETCH, kts.STATS_BLOCKS, kts.STATS_WARPS = keep[:4]
         st = kts.block_stats(q, k, v, cpwt)
-        for keys, warps, dk, sw in ((2048, 4, 128, 4), (2048, 4, 16, 8), (4096, 4, 128, 4), (8192, 4, 128, 4)):
+        for keys, warps, dk, sw in ((2048, 4, 128, 4), (2048, 8, 128, 4), (4096, 8, 128, 4), (1024, 4, 128, 4),
+                                    (2048, 4, 64, 4), (2048, 4, 32, 8)):
             kr.SELECT_KEYS, kr.SELECT_WARPS, kr.SCORE_DK, kr.SCORE_WARPS = keys, warps, dk, sw
 
             def once():
                 st.hbar_ready = False
                 return kts.route(st, cpwt, q.dtype)
             timed(d, f"route_keys{keys}_w{warps}_scoredk{dk}_w{sw}_ms", once)
+        try:
+            d["profile_route_default"] = None
+            kr.SELECT_KEYS, kr.SELECT_WARPS, kr.SCORE_DK, kr.SCORE_WARPS = keep[4:]
+
+            def once_default():
+                st.hbar_ready = False
+                return kts.route(st, cpwt, q.dtype)
+            d["profile_route_default"] = kernel_table(once_default)
+        except Exception as e:
+            d["profile_route_default"] = f"failed: {e}"
     finally:
-        (kts.STATS_DB, kts.HSUM_CTAS_PER_SM, kts.STATS_WARPS, kr.SELECT_KEYS, kr.SELECT_WARPS, kr.SCORE_DK,
-         kr.SCORE_WARPS) = keep
+        (kts.STATS_DB, kts.STATS_PREFETCH, kts.STATS_BLOCKS, kts.STATS_WARPS, kr.SELECT_KEYS, kr.SELECT_WARPS,
+         kr.SCORE_DK, kr.SCORE_WARPS) = keep
 
 
 def ditlike(shape, grid, density, backends, out):
@@ -262,28 +277,35 @@ def ditlike(shape, grid, density, backends, out):
     empty()
 
 
-def morton(shape, grid, density, backends, out):
-    from kernels import piecewise_sparse_attention as psa
+def morton(shape, grid, density, backends, out, pkgs=("kernels",)):
+    """reorder="morton" vs "none" through the public API, on contiguous [B, H, T, D] inputs and as the node calls
+    it ([B, L, H*D] memory seen as [B, H, L, D], the output reshaped back to [B, L, H*D]); peak extra memory."""
     B, H, T, D = shape
     q, k, v = (rnd(shape, s) for s in range(3))
+    qn, kn, vn = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
     d = out.setdefault("morton", {})
     base = torch.cuda.memory_allocated() if DEV == "cuda" else 0
-    for be in backends:
-        for reorder in ("none", "morton"):
-            key = f"{be}_{reorder}"
-            kw = dict(density=density, variant="pwt", reorder=reorder, grid=grid if reorder == "morton" else None,
-                      backend=be, on_failure="raise")
-            timed(d, key + "_ms", lambda: psa(q, k, v, **kw))
-            if DEV == "cuda":
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-                o = psa(q, k, v, **kw)
-                torch.cuda.synchronize()
-                d[key + "_peak_extra_x_q"] = ((torch.cuda.max_memory_allocated() - base - o.numel() * 2)
-                                              / (q.numel() * 2))
-                del o
+    for pkg in pkgs:
+        psa = importlib.import_module(pkg).piecewise_sparse_attention
+        tag = "" if pkg == "kernels" else "old_"
+        for be in backends:
+            for reorder in ("none", "morton"):
+                key = f"{tag}{be}_{reorder}"
+                kw = dict(density=density, variant="pwt", reorder=reorder, grid=grid if reorder == "morton" else None,
+                          backend=be, on_failure="raise")
+                timed(d, key + "_ms", lambda: psa(q, k, v, **kw))
+                timed(d, key + "_node_layout_ms",
+                      lambda: psa(qn, kn, vn, **kw).transpose(1, 2).reshape(B, T, H * D))
+                if DEV == "cuda":
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                    o = psa(qn, kn, vn, **kw).transpose(1, 2).reshape(B, T, H * D)
+                    torch.cuda.synchronize()
+                    d[key + "_node_peak_extra_x_q"] = ((torch.cuda.max_memory_allocated() - base - o.numel() * 2)
+                                                       / (q.numel() * 2))
+                    del o
     say("  morton", d)
-    del q, k, v
+    del q, k, v, qn, kn, vn
     empty()
 
 
@@ -507,7 +529,7 @@ def main(argv=None):
             if a.ditlike and sname in ("wan14", "wan13"):
                 ditlike(shape, GRIDS[sname], density, backends, out)
             if a.morton and sname != "flux":
-                morton(shape, GRIDS[sname], density, backends, out)
+                morton(shape, GRIDS[sname], density, backends, out, pkgs)
         except Exception:
             out["extra_error"] = traceback.format_exc()
             traceback.print_exc()

@@ -113,11 +113,15 @@ def _run(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure):
 
 
 def _compute(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure):
+    # a backend with FUSED_REORDER takes the permutation itself (its statistics kernel gathers, one pass
+    # scatters back into the caller's layout); the others get reordered copies
+    fused = reorder == "morton" and getattr(mod, "FUSED_REORDER", False)
     if reorder == "morton":
         perm, inv = orders_on(grid, q.device)
-        q, k, v = (_permute(mod, name, x, perm, n_prefix) for x in (q, k, v))
+        if not fused:
+            q, k, v = (_permute(mod, name, x, perm, n_prefix) for x in (q, k, v))
     try:
-        out = mod.forward(q, k, v, cfg)
+        out = mod.forward(q, k, v, cfg, perm=perm, n_prefix=n_prefix) if fused else mod.forward(q, k, v, cfg)
     except Exception as e:
         # a checkpointed block's recompute stops early by raising inside the op: not a failure
         if name == "torch" or on_failure == "raise" or _is_checkpoint_stop(e):
@@ -126,8 +130,13 @@ def _compute(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure):
                     "failures use the torch reference (traceback below, logged once)", name, level=logging.ERROR):
             log.exception("piecewise_sparse_attention: %s backend traceback", name)
         from . import reference
+        from .reorder import apply_reorder
+        if fused:
+            q, k, v = (apply_reorder(x, perm, n_prefix) for x in (q, k, v))
         out = reference.forward(q, k, v, cfg)
-    if reorder == "morton":
+        if fused:
+            return apply_reorder(out, inv, n_prefix)
+    if reorder == "morton" and not fused:
         out = _permute(mod, name, out, inv, n_prefix)
     return out
 

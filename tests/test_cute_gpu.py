@@ -201,3 +201,25 @@ def test_strided_views_as_comfyui_passes_them(variant):
     ref = kt.forward(q.contiguous(), k.contiguous(), v.contiguous(), cfg)
     assert out.shape == q.shape and torch.isfinite(out).all()
     assert rel(out, ref) <= TRITON_TOL
+
+
+@pytest.mark.parametrize("variant", ["pwt", "pisa", "drop"])
+def test_morton_gathered_in_the_statistics_kernel_as_the_node_calls_it(variant):
+    """kernels.api hands the Morton permutation to the backend: the statistics kernel writes block-order copies,
+    the CuTe kernel runs on them and one scatter writes the output into the caller's [B, L, H, D] layout. Same
+    answer as gathering first and scattering after, at a Wan-like odd grid with a 7-token prefix and B = 2."""
+    from kernels import cute as kc
+    from kernels import piecewise_sparse_attention as psa
+    from kernels.reorder import orders_on
+    grid, npre = (5, 30, 52), 7
+    B, H, D = 2, 3, 128
+    T = npre + 5 * 30 * 52
+    q, k, v = (rnd((B, T, H * D), seed=90 + s).view(B, T, H, D).transpose(1, 2) for s in range(3))
+    cfg = cfg_of(D, 0.125, variant)
+    perm, inv = orders_on(grid, "cuda")
+    out = psa(q, k, v, density=0.125, variant=variant, reorder="morton", grid=grid, n_prefix=npre, backend="cute",
+              on_failure="raise")
+    assert out.stride() == q.stride()  # the node's transpose + reshape back to [B, L, H*D] is a view
+    sep = kc.scatter_tokens(kc.forward(*(kc.gather_tokens(x, perm, npre) for x in (q, k, v)), cfg), perm, npre)
+    assert torch.isfinite(out).all()
+    assert rel(out, sep) <= 1e-3

@@ -371,9 +371,24 @@ class _FakeFast:
         return reference.forward(q, k, v, cfg)
 
 
-@pytest.fixture
-def fast_api(monkeypatch):
-    fake = _FakeFast()
+class _FakeFused(_FakeFast):
+    """A backend that takes the Morton permutation itself (FUSED_REORDER, like triton and cute)."""
+
+    FUSED_REORDER = True
+
+    def forward(self, q, k, v, cfg, perm=None, n_prefix=0):
+        from kernels.reorder import apply_reorder
+        if perm is None:
+            return super().forward(q, k, v, cfg)
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(perm.numel())
+        out = super().forward(*(apply_reorder(x, perm, n_prefix) for x in (q, k, v)), cfg)
+        return apply_reorder(out, inv, n_prefix)
+
+
+@pytest.fixture(params=["reordered_copies", "fused_reorder"])
+def fast_api(monkeypatch, request):
+    fake = _FakeFast() if request.param == "reordered_copies" else _FakeFused()
     cap = FakeCapture()
     cache = graphs.GraphCache(capture=cap)
     monkeypatch.setattr(graphs, "_CACHE", cache)

@@ -85,3 +85,24 @@ def test_compiled_module_has_no_graph_break():
     breaks, y, ref = compiled_block(kt.forward, 64)
     assert breaks == 0
     assert torch.equal(y, ref)
+
+
+@pytest.mark.parametrize("variant", ["pwt", "pisa", "drop"])
+def test_morton_gathered_in_the_statistics_kernel_as_the_node_calls_it(variant):
+    """The default reorder (statistics kernel gathers, attention on block-order copies, one scatter into the
+    caller's [B, L, H, D] layout) against the kernels reading through the permutation and against separate
+    gather / scatter passes: Wan-like odd grid, 7-token prefix, B = 2."""
+    from kernels import triton as kt
+    from kernels.reorder import orders_on
+    grid, npre = (5, 30, 52), 7
+    B, H, D = 2, 3, 128
+    T = npre + 5 * 30 * 52
+    q, k, v = (rnd((B, T, H * D), seed=95 + s).view(B, T, H, D).transpose(1, 2) for s in range(3))
+    cfg = cfg_of(D, 0.125, variant)
+    perm, inv = orders_on(grid, "cuda")
+    out = kt.forward(q, k, v, cfg, perm=perm, n_prefix=npre)
+    assert out.stride() == q.stride()
+    via_attn = kt._forward_impl(q, k, v, cfg, perm=perm, n_prefix=npre, reorder_in="attention")
+    sep = kt.scatter_tokens(kt.forward(*(kt.gather_tokens(x, perm, npre) for x in (q, k, v)), cfg), perm, npre)
+    assert torch.isfinite(out).all()
+    assert rel(out, sep) <= 1e-3 and rel(via_attn, sep) <= 1e-3

@@ -71,6 +71,9 @@ def test_morton_gather_scatter_and_fused_reorder(res):
     r = get(res, "morton_gather_scatter_and_fused_reorder")
     assert r["gather_equals_apply_reorder"] and r["scatter_undoes_gather"]
     assert r["fused_vs_separate_maxdiff"] <= 1e-5
+    for var in ("pwt", "pisa", "drop"):
+        assert r[f"{var}_stats_vs_separate"] <= 1e-5 and r[f"{var}_attention_vs_separate"] <= 1e-5, var
+        assert r[f"{var}_stats_keeps_layout"], var
 
 
 def test_custom_op_schema_and_fake_tensor(res):
@@ -116,3 +119,23 @@ def test_head_chunks_equal_one_pass_and_the_scratch_estimate_is_what_is_allocate
     assert r["wan14b_pwt_hc"] == 40 and r["wan14b_drop_hc"] == 40 and r["wan14b_720p_pwt_hc"] == 40, r
     hc = r["hc_41_heads_tight"]
     assert hc < 41 and -(-41 // hc) * hc - 41 < -(-41 // hc), r  # even chunks: no small last chunk
+
+
+def test_statistics_programs_over_several_blocks_equal_one_block_per_program(res):
+    r = get(res, "stats_grouped_blocks_equal_one_block_per_program")
+    assert r["groups"] and all(g["G"] > 1 for g in r["groups"].values())
+    for name, g in r["groups"].items():
+        assert g["maxdiff"] == 0.0, (name, g)
+    assert r["kbar_vs_ref"] <= 1e-5 and r["ksig2_vs_ref"] <= 1e-5
+
+
+def test_select_kernel_keeps_the_best_by_score_then_lowest_id(res):
+    r = get(res, "select_kernel_equals_a_sorted_topk_on_crafted_scores")
+    assert len(r) == 4 and any(name.endswith("rows1") for name in r)
+    assert all(r.values()), r
+
+
+def test_routing_score_slices_are_clamped_to_the_head_dim(res):
+    r = get(res, "score_slices_wider_than_the_head_dim")
+    for dk, d in r.items():
+        assert d["idx_equal_torch"] and d["bias_maxdiff"] <= 1e-5, (dk, d)

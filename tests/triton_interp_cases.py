@@ -180,6 +180,100 @@ def _():
     return out
 
 
+@case("stats_grouped_blocks_equal_one_block_per_program")
+def _():
+    # statistics programs loop over G blocks (last group partial), with and without the prefetch of the next
+    # block, through a permutation, T not a multiple of 64: the same numbers as one block per program
+    T, D = 64 * 10 + 37, 64
+    q, k, v = (rnd(1, 2, T, D, seed=140 + s) for s in range(3))
+    perm = torch.randperm(T, generator=torch.Generator().manual_seed(141)).to(torch.int32)
+    cfg = cfg_of(D, 0.3, "pwt")
+    keep = (stats.STATS_BLOCKS, stats.STATS_MIN_WAVES, stats.STATS_PREFETCH, stats.STATS_DB)
+    names = ("kbar", "qbar", "q2", "ksig2", "kbar_lp", "vmean_lp", "hpart")
+    try:
+        stats.STATS_BLOCKS, stats.STATS_MIN_WAVES, stats.STATS_PREFETCH = 1, 1, False
+        base = stats.block_stats(q, k, v, cfg, perm=perm)
+        out = {"groups": {}}
+        for blocks in (3, 4):
+            for pre in (False, True):
+                for db in (32, 64):
+                    stats.STATS_BLOCKS, stats.STATS_PREFETCH, stats.STATS_DB = blocks, pre, db
+                    st = stats.block_stats(q, k, v, cfg, perm=perm)
+                    out["groups"][f"G{blocks}_prefetch{int(pre)}_db{db}"] = {
+                        "G": stats.stats_blocks_per_program(11, 2 * (D // db), "cpu"),
+                        "maxdiff": max(float((getattr(st, n) - getattr(base, n)).abs().max()) for n in names)}
+    finally:
+        stats.STATS_BLOCKS, stats.STATS_MIN_WAVES, stats.STATS_PREFETCH, stats.STATS_DB = keep
+    ref = block_stats(apply_reorder(q, perm.long()).double(), apply_reorder(k, perm.long()).double(),
+                      apply_reorder(v, perm.long()).double(), 64)
+    out["kbar_vs_ref"] = float((base.kbar - ref.kbar).abs().max())
+    out["ksig2_vs_ref"] = float((base.ksig2 - ref.ksig2).abs().max())
+    return out
+
+
+@case("select_kernel_equals_a_sorted_topk_on_crafted_scores")
+def _():
+    # the select kernel alone on scores like the scores kernel writes (forced blocks at +inf, huge finite
+    # clamps, rows of heavy ties), one row per program (few keys per program) and several rows per program:
+    # per row the max(k, #forced) best by (score descending, block id ascending), ascending, -1 padded
+    from kernels.routing import forced_mask
+    from kernels.triton import route as kr
+    out = {}
+    keep = kr.SELECT_KEYS
+    try:
+        for n, k, band, sinks, keys in ((37, 5, 1, 0, 2048), (70, 9, 0, 2, 2048), (130, 20, 1, 1, 64),
+                                        (130, 3, 2, 1, 2048)):
+            kr.SELECT_KEYS = keys
+            g = torch.Generator().manual_seed(n + k)
+            score = torch.randn(1, n, n, generator=g)
+            score[0, :8] = torch.round(score[0, :8] * 2) / 2  # ties across the threshold
+            score[0, 8, : n // 2] = 1e30
+            score[0, 9] = -1e30
+            forced = forced_mask(n, n, band, sinks, "cpu")
+            score[0][forced] = float("inf")
+            kmax = max(k, int(forced.sum(-1).max()))
+            idx = torch.full((1, 1, n, kmax), 7, dtype=torch.int32)
+            vbias = torch.zeros(1, 1, n, n, dtype=torch.float16)
+            np2, rows, warps = kr._select_shape(n)
+            kr._select_kernel[(-(-n // rows), 1)](score, idx, vbias, n, kmax, 1, 0, 1, k, band, sinks, NP2=np2,
+                                                 ROWS=rows, KP2=max(16, 1 << (kmax - 1).bit_length()),
+                                                 num_warps=warps)
+            ok = True
+            for i in range(n):
+                ki = max(k, int(forced[i].sum()))
+                order = sorted(range(n), key=lambda j: (-float(score[0, i, j]), j))[:ki]
+                want = sorted(order) + [-1] * (kmax - ki)
+                ok &= [int(x) for x in idx[0, 0, i]] == want
+                ok &= bool(torch.equal(vbias[0, 0, i] == float("-inf"),
+                                       torch.zeros(n, dtype=torch.bool).index_fill_(0, torch.tensor(order), True)))
+            out[f"n{n}_k{k}_band{band}_sinks{sinks}_rows{rows}"] = ok
+    finally:
+        kr.SELECT_KEYS = keep
+    return out
+
+
+@case("score_slices_wider_than_the_head_dim")
+def _():
+    # the GPU's whole-D score slice (SCORE_DK = 128) at head_dim 64: the slice is clamped to D, never reading
+    # past a row (the next block's statistics, or past the buffer at the last row)
+    from kernels.triton import route as kr
+    q, k, v = (rnd(1, 2, 64 * 9 + 5, 64, seed=150 + s) for s in range(3))
+    cfg = cfg_of(64, 0.3, "pwt")
+    keep = kr.SCORE_DK
+    out = {}
+    try:
+        for dk in (16, 128):
+            kr.SCORE_DK = dk
+            st = stats.block_stats(q, k, v, cfg)
+            idx, vbias = stats.route(st, cfg, q.dtype)
+            idx_t, vb_t = stats.route_torch(st, cfg, q.dtype)
+            out[f"dk{dk}"] = {"idx_equal_torch": bool(torch.equal(idx, idx_t)),
+                              "bias_maxdiff": float((vbias.float() - vb_t.float()).nan_to_num(0, 0, 0).abs().max())}
+    finally:
+        kr.SCORE_DK = keep
+    return out
+
+
 @case("routing_ties_keep_the_lowest_block_ids")
 def _():
     # every key block the same: all scores of a row tie, so the budget beyond the forced band is filled by
@@ -219,6 +313,17 @@ def _():
     fused = kt.forward(q, k, v, cfg, perm=perm, n_prefix=npre)
     sep = kt.gather_tokens(kt.forward(*(kt.gather_tokens(x, perm, npre) for x in (q, k, v)), cfg), inv, npre)
     out["fused_vs_separate_maxdiff"] = float((fused - sep).abs().max())
+    # the statistics kernel's gather (default) and the kernels reading through the permutation, every
+    # variant, on [B, L, H, D] memory seen as [B, H, L, D] (the node's layout): the output keeps that layout
+    for var in ("pwt", "pisa", "drop"):
+        c = cfg_of(64, 0.4, var, band=0, sinks=1)
+        qt, kt_, vt = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
+        sep = kt.gather_tokens(kt.forward(*(kt.gather_tokens(x, perm, npre) for x in (q, k, v)), c), inv, npre)
+        via_stats = kt.forward(qt, kt_, vt, c, perm=perm, n_prefix=npre)
+        via_attn = kt._forward_impl(qt, kt_, vt, c, perm=perm, n_prefix=npre, reorder_in="attention")
+        out[f"{var}_stats_vs_separate"] = float((via_stats - sep).abs().max())
+        out[f"{var}_attention_vs_separate"] = float((via_attn - sep).abs().max())
+        out[f"{var}_stats_keeps_layout"] = via_stats.stride() == qt.stride()
     return out
 
 

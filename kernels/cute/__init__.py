@@ -10,7 +10,8 @@ for kernels.dispatch.
 nvidia-cutlass-dsl is an optional extra (`pip install .[cute]`): without it this module still imports and
 `unavailable_reason` says so, and "auto" takes the Triton backend with one log line. A kernel failure at run
 time is re-raised (the caller falls back loudly) and remembered, so later calls of that variant family skip
-this backend instead of failing again. The Morton reorder (gather_tokens / scatter_tokens) is Triton's.
+this backend instead of failing again. The Morton reorder is Triton's: `forward(..., perm=)` gathers inside the
+statistics kernel (kernels.triton._forward_gathered), gather_tokens / scatter_tokens are its standalone kernels.
 """
 from __future__ import annotations
 
@@ -178,10 +179,13 @@ def aligned16(x) -> bool:
     return x.stride(-1) == 1 and _kt._fwd.tma_aligned(x)
 
 
-def _forward_impl(q, k, v, cfg: SparseConfig, *, routing=None):
+def _forward_impl(q, k, v, cfg: SparseConfig, *, routing=None, perm=None, n_prefix=0):
     # dispatch declines a misaligned q (the Triton backend takes it); k and v views arrive from callers that
     # only checked q: a copy is cheaper than failing, and a kernel failure would disable this backend
     q, k, v = (x if aligned16(x) else x.clone(memory_format=torch.contiguous_format) for x in (q, k, v))
+    if perm is not None:  # the kernel reads block-order copies the statistics kernel writes (never `perm`)
+        return _kt._forward_impl(q, k, v, cfg, perm=perm, n_prefix=n_prefix, attention=_attention,
+                                 reorder_in="stats")
     return _kt._forward_impl(q, k, v, cfg, routing=routing, attention=_attention)
 
 
@@ -190,12 +194,12 @@ if _IMPORT_ERROR is None and _kt._IMPORT_ERROR is None and hasattr(torch, "libra
     @torch.library.custom_op("psa::cute_fwd", mutates_args=())
     def _cute_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, density: float, variant: str,
                      band: int, n_sink_blocks: int, cov_bias: bool, block_size: int,
-                     scale: float) -> torch.Tensor:
+                     scale: float, perm: torch.Tensor | None, n_prefix: int) -> torch.Tensor:
         cfg = _kt._cfg(density, variant, band, n_sink_blocks, cov_bias, block_size, scale)
-        return _forward_impl(q, k, v, cfg)
+        return _forward_impl(q, k, v, cfg, perm=perm, n_prefix=n_prefix)
 
     @_cute_fwd_op.register_fake
-    def _(q, k, v, density, variant, band, n_sink_blocks, cov_bias, block_size, scale):
+    def _(q, k, v, density, variant, band, n_sink_blocks, cov_bias, block_size, scale, perm, n_prefix):
         out = torch.empty_like(q)
         return out if out.stride(-1) == 1 else torch.empty(q.shape, device=q.device, dtype=q.dtype)
 
@@ -213,18 +217,24 @@ def _require():
         raise RuntimeError(f"cute backend unavailable: {unavailable_reason(None, None)}")
 
 
-def forward(q, k, v, cfg: SparseConfig):
+# kernels.api hands `perm` (Morton) to forward() instead of gathering the tokens itself
+FUSED_REORDER = True
+
+
+def forward(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None, n_prefix: int = 0):
     """Piecewise sparse attention on [B, H, T, D] (kernels.dispatch contract): Triton statistics and routing
-    (detached), CuTe attention. Tokens arrive already reordered (kernels.api gathers with gather_tokens)."""
+    (detached), CuTe attention. With `perm` (kernels.reorder.orders_on(...)[0], the tokens after `n_prefix`)
+    q/k/v and the output stay in the caller's order: the statistics kernel gathers, one pass scatters back."""
     _require()
-    split = _kt.split_large_batch(lambda qb, kb, vb: forward(qb, kb, vb, cfg), q, k, v)
+    split = _kt.split_large_batch(lambda qb, kb, vb: forward(qb, kb, vb, cfg, perm=perm, n_prefix=n_prefix),
+                                  q, k, v)
     if split is not None:
         return split
     with torch.no_grad():
         if _OP is not None:
             return _OP(q, k, v, float(cfg.density), cfg.variant, int(cfg.band), int(cfg.n_sink_blocks),
-                       bool(cfg.cov_bias), int(cfg.block_size), float(cfg.scale))
-        return _forward_impl(q, k, v, cfg)
+                       bool(cfg.cov_bias), int(cfg.block_size), float(cfg.scale), perm, int(n_prefix))
+        return _forward_impl(q, k, v, cfg, perm=perm, n_prefix=n_prefix)
 
 
 def forward_with_routing(q, k, v, cfg: SparseConfig, routing):

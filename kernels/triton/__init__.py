@@ -155,11 +155,18 @@ def _forward_impl(q, k, v, cfg: SparseConfig, **kw):
         return _forward_heads(q, k, v, cfg, **kw)
 
 
+# how a `perm` reaches the kernels: "stats" (the statistics kernel reads q, k, v through it and writes block-order
+# copies that routing and attention read; the output is scattered back into the caller's layout in one pass) or
+# "attention" (every kernel reads and writes rows through it: no copies, but no TMA and gathered K/V tile loads;
+# measured 26% slower than the separate gather at Wan2.1-14B 480p, bench/results/h200.md)
+REORDER_IN = "stats"
+
+
 def _forward_heads(q, k, v, cfg: SparseConfig, *, routing=None, perm=None, n_prefix=0, config=None,
-                   scratch=None, attention=None):
+                   scratch=None, attention=None, reorder_in=None):
     """q, k, v [B, H, T, D] (any strides with unit last stride). With `perm` (Morton order of the tokens
-    after `n_prefix`) the inputs and the output are in the caller's order and the kernels read and write
-    rows through the permutation: the reorder costs no extra pass.
+    after `n_prefix`) the inputs and the output are in the caller's order; `reorder_in` (default REORDER_IN)
+    says how the kernels see the permuted order.
 
     `attention(q, k, v, out, st, idx, vbias, cfg)` runs the attention of one head chunk (default this
     backend's fused kernel); the CuTe backend passes its own, so statistics, routing and the head chunking
@@ -172,6 +179,8 @@ def _forward_heads(q, k, v, cfg: SparseConfig, *, routing=None, perm=None, n_pre
     if out.stride(-1) != 1:
         out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     fperm = _full_perm(perm, n_prefix, T, q.device) if perm is not None else None
+    if fperm is not None and routing is None and (reorder_in or REORDER_IN) == "stats":
+        return _forward_gathered(q, k, v, out, cfg, perm, fperm, n_prefix, config, scratch, attention)
     k_est = routing.idx.shape[-1] if routing is not None else cfg.budget(n) + 2 * cfg.band + 1 + cfg.n_sink_blocks
     frac = _scratch_fraction() if scratch is None else scratch
     hc = H if frac <= 0 else _heads_per_chunk(B, H, T, D, cfg, q.element_size(), min(n, k_est), frac, q.device)
@@ -200,6 +209,37 @@ def _forward_heads(q, k, v, cfg: SparseConfig, *, routing=None, perm=None, n_pre
             kw["config"] = config
         attention(qc, kc, vc, oc, st, idx, vbias, cfg, **kw)
     return out
+
+
+def _forward_gathered(q, k, v, out, cfg, perm, fperm, n_prefix, config, scratch, attention):
+    """_forward_heads with the Morton gather inside the statistics kernel: per head chunk it reads q, k, v
+    through `fperm` once and writes block-order copies (one [B, H, T, D] buffer each, allocated here), routing
+    and attention then run on those as on unpermuted inputs, and one scatter writes the output back into
+    `out` (the caller's layout, so a [B, L, H, D] caller's view needs no further copy). Scratch: 4x q's bytes
+    (the block-order output has its own buffer: writing it over the gathered q corrupts q whenever a kernel
+    runs more than once on the same arguments, as Triton's autotuner does on a new key)."""
+    B, H, T, D = q.shape
+    n = -(-T // cfg.block_size)
+    g = torch.empty((3, B, H, T, D), device=q.device, dtype=q.dtype)
+    og = torch.empty((B, H, T, D), device=q.device, dtype=q.dtype)
+    k_est = cfg.budget(n) + 2 * cfg.band + 1 + cfg.n_sink_blocks
+    frac = _scratch_fraction() if scratch is None else scratch
+    hc = H if frac <= 0 else _heads_per_chunk(B, H, T, D, cfg, q.element_size(), min(n, k_est), frac, q.device)
+    score_bytes = score_budget(q.numel() * q.element_size())
+    kw = {} if config is None else {"config": config}
+    for h0 in range(0, H, hc):
+        h1 = min(H, h0 + hc)
+        qg, kg, vg, oc = g[0, :, h0:h1], g[1, :, h0:h1], g[2, :, h0:h1], og[:, h0:h1]
+        st = _stats.block_stats(q[:, h0:h1], k[:, h0:h1], v[:, h0:h1], cfg, perm=fperm, gathered=(qg, kg, vg))
+        idx, vbias = _stats.route(st, cfg, q.dtype, score_bytes=score_bytes)
+        attention(qg, kg, vg, oc, st, idx, vbias, cfg, **kw)
+    return _scatter_into(og, perm, n_prefix, out)
+
+
+def _scatter_into(x, perm, n_prefix, out):
+    from .reorder import _permute
+    with on_device(x):
+        return _permute(x, perm, n_prefix, scatter=True, out=out)
 
 
 def split_large_batch(fn, q, k, v):
@@ -248,12 +288,17 @@ def scatter_tokens(x: torch.Tensor, perm: torch.Tensor, n_prefix: int = 0) -> to
     return _scatter_plain(x, perm, n_prefix)
 
 
+# kernels.api hands `perm` (Morton) to forward() instead of gathering the tokens itself
+FUSED_REORDER = True
+
+
 def forward(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None, n_prefix: int = 0):
     """Piecewise sparse attention on [B, H, T, D] (kernels.dispatch contract). Routing is detached. When q, k
     or v needs a gradient (and grad mode is on) the differentiable op of train.py runs (backward: bwd.py).
 
     perm: optional Morton permutation of the tokens after `n_prefix` (kernels.reorder.orders_on(...)[0]);
-    when given, q/k/v/out stay in the caller's order and the kernels gather through it (fused reorder).
+    when given, q/k/v/out stay in the caller's order: the statistics kernel gathers (REORDER_IN), one pass
+    scatters the output back; with autograd, differentiable gather / scatter ops around the op (train.py).
     """
     if _IMPORT_ERROR is not None:
         raise RuntimeError(f"triton backend unavailable: {_IMPORT_ERROR}")

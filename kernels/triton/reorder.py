@@ -40,7 +40,10 @@ def _permute_rows_kernel(
     tl.store(Y + i_b * sy_b + i_h * sy_h + o_dst[:, None] * sy_t + o_d[None, :], b_x, mask=m)
 
 
-def _permute(x: torch.Tensor, perm: torch.Tensor, n_prefix: int, scatter: bool) -> torch.Tensor:
+def _permute(x: torch.Tensor, perm: torch.Tensor, n_prefix: int, scatter: bool,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+    """The gather (or scatter) into a new contiguous [B, H, T, D] tensor, or into `out` (x's shape and dtype,
+    any strides with a unit last one: e.g. the caller's [B, L, H, D] memory seen as [B, H, L, D])."""
     if x.dim() != 4:
         raise ValueError(f"expected [B, H, T, D], got shape {tuple(x.shape)}")
     B, H, T, D = x.shape
@@ -49,7 +52,12 @@ def _permute(x: torch.Tensor, perm: torch.Tensor, n_prefix: int, scatter: bool) 
     if x.stride(-1) != 1:
         x = x.contiguous()
     perm = perm.to(device=x.device)
-    y = torch.empty(B, H, T, D, device=x.device, dtype=x.dtype)
+    if out is not None:
+        if out.shape != x.shape or out.dtype != x.dtype or out.stride(-1) != 1:
+            raise ValueError("out must have x's shape and dtype and a unit last stride")
+        y = out
+    else:
+        y = torch.empty(B, H, T, D, device=x.device, dtype=x.dtype)
     block_d = triton.next_power_of_2(D)
     block_t = max(1, 4096 // block_d)
     grid = (triton.cdiv(T, block_t), B * H)

@@ -5,8 +5,8 @@
    (3xTF32, float32-accurate; plain float32 under the interpreter), NaN/inf scores clamped, forced blocks
    (band, sinks) at +inf; writes the float32 score and the virtual-token bias row (the gated w, 0 for PISA).
    Its tile (0, 0) also reduces the statistics' H_j partials into H-bar (float32 and input dtype).
-2. `_select_kernel`, one program per ROWS query blocks: the K_i = max(k, #forced) best by a 32-step bit-by-bit
-   search for the K_i-th largest key (ties by lower block id); writes the ascending index list (-1 padded)
+2. `_select_kernel`, one program per ROWS query blocks: the K_i = max(k, #forced) best by a 16-step two-bits-per-
+   step search for the K_i-th largest key (ties by lower block id); writes the ascending index list (-1 padded)
    and marks the chosen blocks -inf in the bias row.
 The scores cost 4 N^2 bytes per (batch, head) of scratch, for one sub-chunk of heads at a time. Measured and
 dropped: a select kernel that computes its own scores for N <= 256 (one launch fewer, but its 3xTF32 operand
@@ -130,10 +130,10 @@ def _select_kernel(
     m_i = o_i < N
     o_j = tl.arange(0, NP2)
     m_j = o_j < N
-    m_ij = m_i[:, None] & m_j[None, :]
-    o_ij = o_i[:, None].to(tl.int64) * N + o_j[None, :]
-    p_o = i_bh.to(tl.int64) * N * N + o_ij
-    b_s = tl.load(SCORE + i_loc.to(tl.int64) * N * N + o_ij, mask=m_ij, other=0.0)
+    # only the keys stay live through the search: offsets, masks and the forced set are rebuilt after it
+    # (fewer registers, more programs per SM; the search is a latency-bound chain of block reductions)
+    b_s = tl.load(SCORE + (i_loc.to(tl.int64) * N + o_i)[:, None] * N + o_j[None, :],
+                  mask=m_i[:, None] & m_j[None, :], other=float("-inf"))
     b_s = tl.where(m_j[None, :], b_s, float("-inf"))
     d_ij = o_i[:, None] - o_j[None, :]
     forced = (((d_ij <= band) & (d_ij >= -band)) | (o_j[None, :] < n_sink)) & m_j[None, :]
@@ -142,20 +142,30 @@ def _select_kernel(
     # order-preserving unsigned key of a float32
     b_bits = b_s.to(tl.int32, bitcast=True)
     b_key = (b_bits ^ ((b_bits >> 31) | (-2147483647 - 1))).to(tl.uint32, bitcast=True)
-    # largest t with #(key >= t) >= k_i, built from the top bit down; the search stops as soon as every row's
-    # #(key >= t) is exactly k_i (the chosen set is then known: typically ~20 of the 32 bits for float scores)
+    # largest t with #(key >= t) >= k_i, built from the top bit down two bits per step: the counts of the three
+    # candidates t | 01, t | 10, t | 11 travel in one int64 sum (16-bit fields: NP2 <= 16384), so a step costs
+    # one block reduction. The search stops as soon as every row's #(key >= t) is exactly k_i (the chosen set
+    # is then known: typically ~20 of the 32 bits for float scores, ~10 steps)
     b_t = tl.zeros([ROWS], dtype=tl.uint32)
     b_n = tl.full([ROWS], NP2, dtype=tl.int32)  # #(key >= b_t): every key is >= 0
-    bit = 31
+    bit = 30  # the lower bit of the pair
     todo = tl.max((b_n != k_i).to(tl.int32), axis=0)
     while (bit >= 0) & (todo > 0):
-        b_c = b_t | (tl.full([ROWS], 1, dtype=tl.uint32) << bit.to(tl.uint32))
-        n_ge = tl.sum((b_key >= b_c[:, None]).to(tl.int32), axis=1)
-        up = n_ge >= k_i
-        b_t = tl.where(up, b_c, b_t)
-        b_n = tl.where(up, n_ge, b_n)
+        one = tl.full([ROWS], 1, dtype=tl.uint32) << bit.to(tl.uint32)
+        c1 = b_t | one
+        c2 = b_t | (one << 1)
+        c3 = c2 | one
+        packed = ((b_key >= c1[:, None]).to(tl.int64) + ((b_key >= c2[:, None]).to(tl.int64) << 16)
+                  + ((b_key >= c3[:, None]).to(tl.int64) << 32))
+        s_n = tl.sum(packed, axis=1)
+        n1 = (s_n & 0xFFFF).to(tl.int32)
+        n2 = ((s_n >> 16) & 0xFFFF).to(tl.int32)
+        n3 = (s_n >> 32).to(tl.int32)
+        b_t = tl.where(n3 >= k_i, c3, tl.where(n2 >= k_i, c2, tl.where(n1 >= k_i, c1, b_t)))
+        b_n = tl.where(n3 >= k_i, n3, tl.where(n2 >= k_i, n2, tl.where(n1 >= k_i, n1, b_n)))
         todo = tl.max((b_n != k_i).to(tl.int32), axis=0)
-        bit -= 1
+        bit -= 2
+    m_ij = m_i[:, None] & (o_j < N)[None, :]
     gt = b_key > b_t[:, None]
     eq = b_key == b_t[:, None]
     n_gt = tl.sum(gt.to(tl.int32), axis=1)
@@ -172,7 +182,8 @@ def _select_kernel(
     o_k = tl.arange(0, KP2)
     tl.store(p_idx + o_k[None, :], tl.full([ROWS, KP2], -1, tl.int32),
              mask=m_i[:, None] & (o_k[None, :] >= k_i[:, None]) & (o_k[None, :] < NSEL))
-    tl.store(VBIAS + p_o, tl.full([ROWS, NP2], float("-inf"), tl.float32).to(VBIAS.dtype.element_ty), mask=sel)
+    p_o = VBIAS + (i_bh.to(tl.int64) * N + o_i)[:, None] * N + o_j[None, :]
+    tl.store(p_o, tl.full([ROWS, NP2], float("-inf"), tl.float32).to(VBIAS.dtype.element_ty), mask=sel)
 
 
 def bias_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -265,7 +276,7 @@ def route(st, cfg: SparseConfig, dtype: torch.dtype, *, score_bytes: int = 256 *
             hs = min(hsub, HC - h0)
             _scores_kernel[(triton.cdiv(n, 64), triton.cdiv(n, 64), B * hs)](
                 *stat_args, score, vbias, *hargs, n, npart, HC, h0, hs, *common, scale, 0.5 * scale * scale,
-                math.log(cfg.block_size), 1.0 / n, D=D, BM=64, BN=64, DK=SCORE_DK, PWT=pwt, COV=cov,
+                math.log(cfg.block_size), 1.0 / n, D=D, BM=64, BN=64, DK=min(SCORE_DK, D), PWT=pwt, COV=cov,
                 FINAL_H=final_h, PREC=_PREC, num_warps=SCORE_WARPS, num_stages=1,
             )
             _select_kernel[(triton.cdiv(n, rows), B * hs)](

@@ -33,38 +33,86 @@ from .route import (bias_dtype, kernel_scratch_bytes, route, route_in_kernel, ro
 @triton.jit
 def _block_stats_kernel(
     Q, K, V, PERM,
-    KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, FIN,
-    sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
-    HC, T, N,
+    KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, FIN, QG, KG, VG,
+    sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t, sg_b, sg_h, sg_t,
+    HC, T, N, G,
     D: tl.constexpr, DB: tl.constexpr, BS: tl.constexpr, NEED_PWT: tl.constexpr, NEED_V: tl.constexpr,
-    NEED_FIN: tl.constexpr, HAS_PERM: tl.constexpr,
+    NEED_FIN: tl.constexpr, HAS_PERM: tl.constexpr, PREFETCH: tl.constexpr, GATHER: tl.constexpr,
 ):
-    """One program per (block, DB of the D columns): every statistic is per column, so the D columns split
-    over D // DB programs, each holding [BS, DB] tiles (fewer registers: more programs per SM, more bytes in
-    flight). Means, mean squares, centred key variance, and (for H-bar) FIN[i_bh, j, s] = 1 when the block's
-    keys and values in these columns are all finite."""
-    i_js, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    """One program per (G consecutive blocks, DB of the D columns): every statistic is per column, so the D
+    columns split over D // DB programs, each holding [BS, DB] tiles. Means, mean squares, centred key
+    variance, and (for H-bar) FIN[i_bh, j, s] = 1 when the block's keys and values in these columns are all
+    finite. With PREFETCH the next block's tiles are loaded (into registers, in the input dtype) before this
+    block's reductions run, so a program always has a load in flight (Triton's pipeliner does not stage loads
+    that feed reductions rather than dots). With GATHER (and PERM) the tiles read through the permutation are
+    also written, in block order, to QG / KG / VG: the Morton gather rides on the statistics' read."""
+    i_gs, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NSPLIT: tl.constexpr = D // DB
-    j = i_js // NSPLIT
-    i_s = i_js % NSPLIT
+    i_g = i_gs // NSPLIT
+    i_s = i_gs % NSPLIT
     i_bh = i_b * HC + i_h
-    o_m = tl.arange(0, BS)
     o_d = i_s * DB + tl.arange(0, DB)
-    o_t = j * BS + o_m
-    m_t = o_t < T
+    p_q = Q + i_b * sq_b + i_h * sq_h
+    p_k = K + i_b * sk_b + i_h * sk_h
+    p_v = V + i_b * sv_b + i_h * sv_h
+    o_g = i_b * sg_b + i_h * sg_h
+    j0 = i_g * G
+    j1 = tl.minimum(j0 + G, N)
+    if PREFETCH:
+        b_q, b_k, b_v = _stats_load(p_q, p_k, p_v, PERM, sq_t, sk_t, sv_t, T, j0, True, o_d, BS=BS,
+                                    NEED_V=NEED_V or GATHER, HAS_PERM=HAS_PERM)
+        for j in range(j0, j1):
+            n_q, n_k, n_v = _stats_load(p_q, p_k, p_v, PERM, sq_t, sk_t, sv_t, T, j + 1, j + 1 < j1, o_d, BS=BS,
+                                        NEED_V=NEED_V or GATHER, HAS_PERM=HAS_PERM)
+            _stats_write(b_q, b_k, b_v, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, FIN, QG, KG, VG, o_g, sg_t, T,
+                         N, j, i_bh, i_s, o_d, D=D, NSPLIT=NSPLIT, BS=BS, NEED_PWT=NEED_PWT, NEED_V=NEED_V,
+                         NEED_FIN=NEED_FIN, GATHER=GATHER)
+            b_q, b_k, b_v = n_q, n_k, n_v
+    else:
+        for j in range(j0, j1):
+            b_q, b_k, b_v = _stats_load(p_q, p_k, p_v, PERM, sq_t, sk_t, sv_t, T, j, True, o_d, BS=BS,
+                                        NEED_V=NEED_V or GATHER, HAS_PERM=HAS_PERM)
+            _stats_write(b_q, b_k, b_v, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, FIN, QG, KG, VG, o_g, sg_t, T,
+                         N, j, i_bh, i_s, o_d, D=D, NSPLIT=NSPLIT, BS=BS, NEED_PWT=NEED_PWT, NEED_V=NEED_V,
+                         NEED_FIN=NEED_FIN, GATHER=GATHER)
+
+
+@triton.jit
+def _stats_load(p_q, p_k, p_v, PERM, sq_t, sk_t, sv_t, T, j, ok, o_d, BS: tl.constexpr, NEED_V: tl.constexpr,
+                HAS_PERM: tl.constexpr):
+    """Block j's [BS, DB] tiles of q, k (and v) in the input dtype (zeros past T, or everywhere when not ok)."""
+    o_t = j * BS + tl.arange(0, BS)
+    m_t = (o_t < T) & ok
     if HAS_PERM:
         o_r = tl.load(PERM + o_t, mask=m_t, other=0).to(tl.int64)
     else:
         o_r = o_t.to(tl.int64)
+    b_q = tl.load(p_q + o_r[:, None] * sq_t + o_d[None, :], mask=m_t[:, None], other=0.0)
+    b_k = tl.load(p_k + o_r[:, None] * sk_t + o_d[None, :], mask=m_t[:, None], other=0.0)
+    if NEED_V:
+        b_v = tl.load(p_v + o_r[:, None] * sv_t + o_d[None, :], mask=m_t[:, None], other=0.0)
+    else:
+        b_v = b_k
+    return b_q, b_k, b_v
+
+
+@triton.jit
+def _stats_write(b_q, b_k, b_v, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, FIN, QG, KG, VG, o_g, sg_t, T, N, j,
+                 i_bh, i_s, o_d, D: tl.constexpr, NSPLIT: tl.constexpr, BS: tl.constexpr, NEED_PWT: tl.constexpr,
+                 NEED_V: tl.constexpr, NEED_FIN: tl.constexpr, GATHER: tl.constexpr):
+    """Block j's statistics from its tiles (real token counts; padding rows are zeros); with GATHER the tiles
+    themselves too, at their block-order rows."""
+    o_t = j * BS + tl.arange(0, BS)
+    m_t = o_t < T
+    if GATHER:
+        p_g = o_g + o_t.to(tl.int64)[:, None] * sg_t + o_d[None, :]
+        tl.store(QG + p_g, b_q, mask=m_t[:, None])
+        tl.store(KG + p_g, b_k, mask=m_t[:, None])
+        tl.store(VG + p_g, b_v, mask=m_t[:, None])
     cnt = tl.minimum(T - j * BS, BS).to(tl.float32)
     o_s = (i_bh * N + j) * D + o_d
-    b_q = tl.load(Q + i_b * sq_b + i_h * sq_h + o_r[:, None] * sq_t + o_d[None, :], mask=m_t[:, None],
-                  other=0.0).to(tl.float32)  # [BS, DB]
-    b_k = tl.load(K + i_b * sk_b + i_h * sk_h + o_r[:, None] * sk_t + o_d[None, :], mask=m_t[:, None],
-                  other=0.0).to(tl.float32)
-    if NEED_V:
-        b_v = tl.load(V + i_b * sv_b + i_h * sv_h + o_r[:, None] * sv_t + o_d[None, :], mask=m_t[:, None],
-                      other=0.0).to(tl.float32)
+    b_q = b_q.to(tl.float32)
+    b_k = b_k.to(tl.float32)
     tl.store(QBAR + o_s, tl.sum(b_q, axis=0) / cnt)
     if NEED_PWT:
         tl.store(Q2 + o_s, tl.sum(b_q * b_q, axis=0) / cnt)
@@ -74,7 +122,7 @@ def _block_stats_kernel(
         b_kc = tl.where(m_t[:, None], b_k - b_kbar[None, :], 0.0)  # centred keys, padding zeroed
         tl.store(KSIG2 + o_s, tl.sum(b_kc * b_kc, axis=0) / cnt)
     if NEED_V:
-        b_vs = tl.sum(b_v, axis=0)
+        b_vs = tl.sum(b_v.to(tl.float32), axis=0)
         tl.store(KBAR_LP + o_s, b_kbar.to(KBAR_LP.dtype.element_ty))
         tl.store(VMEAN_LP + o_s, (b_vs / cnt).to(VMEAN_LP.dtype.element_ty))
         if NEED_FIN:
@@ -188,7 +236,18 @@ def _n_sm(device) -> int:
 # made no difference between 1 and 4 (the [D, D] accumulator allows one resident CTA at 8 warps)
 HSUM_CTAS_PER_SM = 2
 STATS_WARPS = 4
-STATS_DB = 64  # columns per statistics program
+STATS_DB = 32  # columns per statistics program
+STATS_BLOCKS = 8  # blocks per statistics program (a loop; with STATS_PREFETCH the next block's loads fly
+STATS_PREFETCH = True  # while this one's reductions run)
+STATS_MIN_WAVES = 8  # at least this many statistics programs per SM before blocks are grouped
+
+
+def stats_blocks_per_program(n: int, programs_per_block: int, device=None) -> int:
+    """Blocks each statistics program loops over: STATS_BLOCKS, fewer
+    when the grid would not fill STATS_MIN_WAVES programs per SM."""
+    n_sm = _n_sm(device) if device is not None else 132
+    fill = max(1, (n * programs_per_block) // (STATS_MIN_WAVES * n_sm))
+    return max(1, min(STATS_BLOCKS, fill, n))
 
 
 def blocks_per_program(n: int, bh: int, device=None, per_sm: int | None = None) -> int:
@@ -200,9 +259,13 @@ def blocks_per_program(n: int, bh: int, device=None, per_sm: int | None = None) 
 
 
 def block_stats(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None, need_pwt: bool | None = None,
-                need_h: bool | None = None, need_hnorm: bool | None = None) -> TritonStats:
-    """Statistics of [B, HC, T, D] views (any batch/head/token strides, unit last stride): one program per
-    block, then (pisa / pwt / cov_bias) the H_j partial sums in a GEMM-like pass over K and V."""
+                need_h: bool | None = None, need_hnorm: bool | None = None,
+                gathered: tuple | None = None) -> TritonStats:
+    """Statistics of [B, HC, T, D] views (any batch/head/token strides, unit last stride): programs over
+    blocks, then (pisa / pwt / cov_bias) the H_j partial sums in a GEMM-like pass over K and V.
+
+    gathered: with `perm`, three [B, HC, T, D] outputs (unit last stride, one set of strides) that receive q, k
+    and v in block (permuted) order; the H pass then reads them without the permutation."""
     B, HC, T, D = q.shape
     bs = cfg.block_size
     n = -(-T // bs)
@@ -230,12 +293,27 @@ def block_stats(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None,
     db = min(STATS_DB, D)
     nsplit = D // db
     fin = torch.empty(B, HC, n, nsplit, device=dev, dtype=torch.int32) if need_h else None
-    _block_stats_kernel[(n * nsplit, HC, B)](
+    gs = stats_blocks_per_program(n, B * HC * nsplit, dev)
+    if gathered is not None:
+        if perm is None:
+            raise ValueError("block_stats: gathered outputs need a perm")
+        qg, kg, vg = gathered
+        if not (qg.shape == kg.shape == vg.shape == q.shape and qg.stride() == kg.stride() == vg.stride()
+                and qg.stride(-1) == 1 and qg.dtype == q.dtype):
+            raise ValueError("block_stats: gathered outputs must match q's shape and dtype and share strides")
+        g_args = (qg, kg, vg, qg.stride(0), qg.stride(1), qg.stride(2))
+    else:
+        g_args = (q, k, v, 0, 0, 0)
+    _block_stats_kernel[(triton.cdiv(n, gs) * nsplit, HC, B)](
         q, k, v, pm, kbar, kbar_lp if need_v else dummy, vmean_lp if need_v else dummy,
-        ksig2 if need_pwt else dummy, qbar, q2 if need_pwt else dummy, fin if need_h else dummy, *strides,
-        HC, T, n, D=D, DB=db, BS=bs, NEED_PWT=need_pwt, NEED_V=need_v, NEED_FIN=need_h, HAS_PERM=perm is not None,
+        ksig2 if need_pwt else dummy, qbar, q2 if need_pwt else dummy, fin if need_h else dummy, *g_args[:3],
+        *strides, *g_args[3:], HC, T, n, gs, D=D, DB=db, BS=bs, NEED_PWT=need_pwt, NEED_V=need_v,
+        NEED_FIN=need_h, HAS_PERM=perm is not None, PREFETCH=STATS_PREFETCH, GATHER=gathered is not None,
         num_warps=STATS_WARPS,
     )
+    if gathered is not None:  # the H pass (and the norms) read the gathered copies in block order
+        k, v, perm, pm = kg, vg, None, dummy
+        strides = (0, 0, 0, k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2))
     if need_h:
         _hsum_kernel[(npart, HC, B)](
             k, v, pm, kbar, fin, hpart, *strides[3:], HC, T, n, g, npart, D=D, BS=bs, NSPLIT=nsplit,
