@@ -13,7 +13,8 @@ Per shape (B1, D128, bf16, random N(0,1) inputs; pwt at density 0.125, FLUX 0.2)
   * with --old: the same through a copy of the previous kernels (package `kernels_old`), in the same run;
   * --ditlike: the exact part on DiT-like Morton-ordered inputs (kernels/synthetic.py at the real size) and the
     share of KV blocks adjacent query blocks have in common; --morton: reorder="morton" vs "none" through the
-    public API, time and peak extra memory; --flux-node: FLUX 1024^2 as the node calls it, eager vs CUDA graph.
+    public API, time and peak extra memory; --flux-node: FLUX 1024^2 as the node calls it, eager vs through the
+    CUDA-graph cache (kernels/graphs.py) vs a hand-captured graph replayed alone.
 Timing: median of triton.testing.do_bench (CUDA events), first call outside the timing. Writes DIR/pieces.json
 after every shape and prints one line per measurement; a short table last.
 """
@@ -308,8 +309,17 @@ def morton(shape, grid, density, backends, out, pkgs=("kernels",)):
     empty()
 
 
+def _graphs_env(on: bool):
+    """PSA_CUDA_GRAPHS for the calls that follow: off times the eager call, on the call through kernels/graphs.py."""
+    import os
+    os.environ["PSA_CUDA_GRAPHS"] = "1" if on else "0"
+
+
 def flux_node(density, backends, out):
-    """FLUX.1 1024^2 as ComfyUI's override hands it over: [B, H, L, D], 512 text tokens first, a 64 x 64 grid."""
+    """FLUX.1 1024^2 as ComfyUI's override hands it over: [B, H, L, D], 512 text tokens first, a 64 x 64 grid.
+    Per backend: the eager call, the call through the CUDA-graph cache (kernels/graphs.py: copy-in, replay, clone)
+    and a hand-captured graph of the whole call replayed alone."""
+    from kernels import graphs
     from kernels import piecewise_sparse_attention as psa
     shape = (1, 24, 512 + 4096, 128) if DEV == "cuda" else (1, 2, 512 + 256, 64)
     grid = (64, 64) if DEV == "cuda" else (16, 16)
@@ -319,9 +329,24 @@ def flux_node(density, backends, out):
     for be in backends:
         kw = dict(density=density, variant="pwt", n_sink_blocks=8, reorder="morton", grid=grid, n_prefix=512,
                   backend=be, on_failure="raise")
+        _graphs_env(False)
         timed(d, f"{be}_eager_ms", lambda: psa(q, k, v, **kw))
         if DEV != "cuda":
             continue
+        eager = psa(q, k, v, **kw)
+        _graphs_env(True)
+        graphs.clear()
+        empty()
+        base, base_res = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+        timed(d, f"{be}_graphs_ms", lambda: psa(q, k, v, **kw))
+        d[f"{be}_graphs_equal_eager"] = bool(torch.equal(psa(q, k, v, **kw), eager))
+        # live bytes of the entry (static q, k, v, output) and, after empty_cache, what stays reserved (+ its pool)
+        d[f"{be}_graphs_held_MiB"] = (torch.cuda.memory_allocated() - base) / 2**20
+        empty()
+        d[f"{be}_graphs_reserved_MiB"] = (torch.cuda.memory_reserved() - base_res) / 2**20
+        d[f"{be}_graphs_counts"] = dict(graphs.cache().counts)
+        graphs.clear()
+        _graphs_env(False)
         try:
             g = torch.cuda.CUDAGraph()
             s = torch.cuda.Stream()
@@ -332,19 +357,23 @@ def flux_node(density, backends, out):
             with torch.cuda.graph(g):
                 o = psa(q, k, v, **kw)
             timed(d, f"{be}_graph_replay_ms", g.replay)
-            d[f"{be}_graph_equal_eager"] = bool(torch.equal(o, psa(q, k, v, **kw)))
+            d[f"{be}_graph_equal_eager"] = bool(torch.equal(o, eager))
         except Exception as e:
             d[f"{be}_graph"] = f"failed: {type(e).__name__}: {str(e)[:200]}"
             say("  graph failed", d[f"{be}_graph"])
+        _graphs_env(True)
     del q, k, v
     empty()
 
 
 def breakeven(outdir):
     """The node's sparse call (auto backend, Morton over a square image grid, 512 text tokens first as sink
-    blocks) vs dense SDPA, FLUX-like 24 heads: the table nodes/breakeven_h200.json the node's policy reads."""
+    blocks) vs dense SDPA, FLUX-like 24 heads: the table nodes/breakeven_h200.json the node's policy reads. Its
+    rows time the call as the node makes it (through the CUDA-graph cache where kernels/graphs.py allows);
+    rows_eager the same call with PSA_CUDA_GRAPHS=0."""
+    from kernels import graphs
     from kernels import piecewise_sparse_attention as psa
-    rows = []
+    rows, rows_eager = [], []
     sides = (48, 64, 80, 96, 128) if DEV == "cuda" else (8, 12)
     for side in sides:
         T = 512 + side * side
@@ -355,16 +384,21 @@ def breakeven(outdir):
         for density in (0.125, 0.2, 0.3):
             kw = dict(density=density, variant="pwt", n_sink_blocks=8, reorder="morton", grid=(side, side),
                       n_prefix=512)
-            t = timed(d, f"T{T}_d{density}_ms", lambda: psa(q, k, v, **kw))
-            if isinstance(t, float) and isinstance(dense, float):
-                rows.append([T, density, round(t, 4), round(dense, 4)])
+            for on, dest, tag in ((True, rows, ""), (False, rows_eager, "_eager")):
+                _graphs_env(on)
+                t = timed(d, f"T{T}_d{density}{tag}_ms", lambda: psa(q, k, v, **kw))
+                if isinstance(t, float) and isinstance(dense, float):
+                    dest.append([T, density, round(t, 4), round(dense, 4)])
+            graphs.clear()
         del q, k, v
         empty()
+    _graphs_env(True)
     gpu = torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu"
     table = {"gpu": gpu, "date": RES["env"]["date"], "heads": 24, "head_dim": 128,
              "what": "pwt via kernels.piecewise_sparse_attention (backend auto, Morton, 512 text tokens as 8 sink "
-                     "blocks) vs F.scaled_dot_product_attention, bf16, median ms (bench/pieces.py --breakeven)",
-             "rows": rows}
+                     "blocks; through the CUDA-graph cache up to PSA_CUDA_GRAPH_MAX_TOKENS, rows_eager without it) "
+                     "vs F.scaled_dot_product_attention, bf16, median ms (bench/pieces.py --breakeven)",
+             "rows": rows, "rows_eager": rows_eager}
     RES["breakeven"] = table
     (outdir / "breakeven_h200.json").write_text(json.dumps(table, indent=1))
 
@@ -422,11 +456,14 @@ def write_md(res: dict, path: Path) -> None:
         lines.append("")
     if "flux_node" in res:
         lines += ["## FLUX.1 1024^2 as the node calls it", "",
-                  ", ".join(f"{k} {_f(v) if not isinstance(v, bool) else v}" for k, v in res["flux_node"].items()), ""]
+                  ", ".join(f"{k} {_f(v) if not isinstance(v, (bool, dict, str)) else v}"
+                            for k, v in res["flux_node"].items()), ""]
     if "breakeven" in res:
-        lines += ["## Break-even (nodes/breakeven_h200.json)", "", "| T | density | sparse ms | SDPA ms | ratio |",
-                  "|---|---|---|---|---|"]
-        lines += [f"| {r[0]} | {r[1]} | {r[2]:.3f} | {r[3]:.3f} | {r[2] / r[3]:.2f} |" for r in res["breakeven"]["rows"]]
+        lines += ["## Break-even (nodes/breakeven_h200.json)", "",
+                  "| T | density | sparse ms (node: CUDA-graph cache) | eager ms | SDPA ms | ratio |", "|---|---|---|---|---|---|"]
+        eager = {(r[0], r[1]): r[2] for r in res["breakeven"].get("rows_eager", [])}
+        lines += [f"| {r[0]} | {r[1]} | {r[2]:.3f} | {_f(eager.get((r[0], r[1])))} | {r[3]:.3f} | {r[2] / r[3]:.2f} |"
+                  for r in res["breakeven"]["rows"]]
     path.write_text("\n".join(lines) + "\n")
 
 

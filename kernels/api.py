@@ -7,6 +7,7 @@ import sys
 
 import torch
 
+from . import graphs
 from .config import BACKENDS, ON_FAILURE, REORDERS, ArgumentTypeError, as_choice, as_grid, as_int, make_config
 from .dispatch import backend_module, log_once, select_backend
 from .reorder import orders_on
@@ -58,6 +59,8 @@ def piecewise_sparse_attention(q, k, v, *, density=0.125, variant="pwt", band=1,
     "virtual token" in the same softmax: logit s q.kbar_j (+ the gated second-order w_ij for PWT), value
     the block's value sum, plus PISA's first-order term s (q H-bar). Nothing is dropped (except with
     variant="drop", the keep-or-drop baseline). density=1 equals dense attention. See docs/MATH.md.
+    Small no-grad CUDA calls of the fast backends replay a CUDA graph of the whole call from their second call
+    on (kernels/graphs.py; env PSA_CUDA_GRAPHS=0 turns that off).
 
     Args:
         q, k, v: [B, H, T, D] tensors of one float dtype on one device.
@@ -100,6 +103,16 @@ def piecewise_sparse_attention(q, k, v, *, density=0.125, variant="pwt", band=1,
 
 
 def _run(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure):
+    """The call, through a cached CUDA graph of it where kernels.graphs allows (fast backends only)."""
+    if name != "torch" and graphs.graph_reason(q, k, v) is None:
+        key = graphs.make_key(name, q, k, v, cfg, reorder, grid, n_prefix)
+        # the captured work raises instead of falling back (a fallback would be captured); failures end eager
+        return graphs.run(key, lambda a, b, c: _compute(mod, name, a, b, c, cfg, reorder, grid, n_prefix, "raise"),
+                          lambda: _compute(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure), q, k, v)
+    return _compute(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure)
+
+
+def _compute(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure):
     # a backend with FUSED_REORDER takes the permutation itself (its statistics kernel gathers, one pass
     # scatters back into the caller's layout); the others get reordered copies
     fused = reorder == "morton" and getattr(mod, "FUSED_REORDER", False)
