@@ -365,15 +365,20 @@ class Tally:
 # ---------------------------------------------------------------------------------------------------
 # break-even: below a measured size the sparse operator is slower than dense attention on that GPU
 
-def breakeven_reason(table: dict | None, gpu: str | None, q_len: int, density: float) -> str | None:
+def breakeven_reason(table: dict | None, gpu: str | None, q_len: int, density: float, *,
+                     graphs: bool = True) -> str | None:
     """Why a call of q_len tokens stays dense on `gpu` because the sparse path measured slower than dense
     attention there, or None. `table` is nodes/breakeven_<gpu>.json: {"gpu": name, "rows": [[T, density,
-    sparse_ms, dense_ms], ...]} from bench/pieces.py --breakeven. The ratio sparse/dense is interpolated in
-    log T between the measured sizes of the nearest measured density at or above the call's (conservative);
-    outside the measured sizes the nearest one counts. A GPU without a table: no rule (None)."""
+    sparse_ms, dense_ms], ...], "rows_eager": [...]} from bench/pieces.py --breakeven: "rows" timed the way
+    the operator runs by default (small calls replayed from cached CUDA graphs, kernels/graphs.py),
+    "rows_eager" without graphs; `graphs=False` (PSA_CUDA_GRAPHS=0, or a call too large for the cache) reads
+    the latter where the table has it. The ratio sparse/dense is interpolated in log T between the measured
+    sizes of the nearest measured density at or above the call's (conservative); outside the measured sizes
+    the nearest one counts. A GPU without a table: no rule (None)."""
     if not table or not gpu or table.get("gpu") != gpu:
         return None
-    rows = [r for r in table.get("rows", []) if len(r) == 4 and r[2] > 0 and r[3] > 0]
+    key = "rows" if graphs or not table.get("rows_eager") else "rows_eager"
+    rows = [r for r in table.get(key, []) if len(r) == 4 and r[2] > 0 and r[3] > 0]
     if not rows:
         return None
     dens = sorted({float(r[1]) for r in rows})
@@ -391,5 +396,6 @@ def breakeven_reason(table: dict | None, gpu: str | None, q_len: int, density: f
                 break
     if ratio < 1.0:
         return None
+    how = "" if key == "rows" else ", without CUDA graphs"
     return (f"{q_len} tokens at density {density:g}: the sparse operator measured {ratio:.2f}x the time of dense "
-            f"attention at this size on the {gpu} (break-even table), so dense is faster")
+            f"attention at this size on the {gpu} (break-even table{how}), so dense is faster")

@@ -12,7 +12,7 @@ from comfy_inproc import load_pack
 
 load_pack()
 from psa_pack.kernels import piecewise_sparse_attention  # noqa: E402
-from psa_pack.nodes import patch, policy  # noqa: E402
+from psa_pack.nodes import patch, policy, speed  # noqa: E402
 
 torch.manual_seed(0)
 SIGMAS = torch.tensor([1.0, 0.5, 0.25, 0.0])
@@ -271,17 +271,29 @@ def test_gpu_inputs_no_fast_kernel_takes_stay_dense_instead_of_the_slow_referenc
     q = torch.randn(1, 8, 4, 80)
     kn = policy.Knobs()
     assert patch.slow_path_reason(q, 80, kn) is None  # CPU: the reference is what runs
-    monkeypatch.setattr(patch, "select_backend",
+    monkeypatch.setattr(speed, "select_backend",
                         lambda q, cfg, req: ("torch", "triton: head_dim 80 unsupported by triton (64 or 128)"))
     why = patch.slow_path_reason(q, 80, kn, on_gpu=True)
     assert why is not None and "head_dim 80" in why and "dense" in why
     assert patch.slow_path_reason(q, 80, policy.Knobs(backend="torch"), on_gpu=True) is None  # explicit: obeyed
-    monkeypatch.setattr(patch, "select_backend", lambda q, cfg, req: ("triton", None))
+    monkeypatch.setattr(speed, "select_backend", lambda q, cfg, req: ("triton", None))
     assert patch.slow_path_reason(q, 128, kn, on_gpu=True) is None
-    monkeypatch.setattr(patch, "select_backend", lambda q, cfg, req: ("torch", None))  # PSA_BACKEND=torch
+    monkeypatch.setattr(speed, "select_backend", lambda q, cfg, req: ("torch", None))  # PSA_BACKEND=torch
     assert patch.slow_path_reason(q, 128, kn, on_gpu=True) is None
 
 
 def test_bad_backend_env_never_breaks_a_gpu_call(monkeypatch):
     monkeypatch.setenv("PSA_BACKEND", "bogus")
     assert patch.slow_path_reason(torch.randn(1, 4, 128), 128, policy.Knobs(), on_gpu=True) is None
+
+
+def test_run_cleanup_frees_the_cached_cuda_graphs(monkeypatch):
+    # the graphs' static buffers are invisible to ComfyUI's memory management: they live for one sampling run
+    cleared = []
+    monkeypatch.setattr(patch.graphs, "clear", lambda: cleared.append(True))
+    ov = patch.SparseAttentionOverride(policy.Knobs(), family="wan", total_blocks=4)
+    patch.CleanupCallback(ov)(object())
+    assert cleared == [True]
+    clone = type("Clone", (), {"is_multigpu_base_clone": True, "model_options": {}, "model": None})()
+    patch.CleanupCallback(ov)(clone)  # a MultiGPU per-device clone's cleanup follows the main one's: no-op
+    assert cleared == [True]

@@ -166,3 +166,16 @@ def test_breakeven_table_keeps_sizes_where_sparse_measured_slower_dense():
     assert breakeven_reason(table, "NVIDIA H200", 1000, 0.2) is not None
     assert breakeven_reason(table, "NVIDIA A100", 4608, 0.2) is None
     assert breakeven_reason(None, "NVIDIA H200", 4608, 0.2) is None
+
+
+def test_breakeven_table_without_cuda_graphs_reads_its_eager_rows():
+    breakeven_reason = policy.breakeven_reason
+    table = {"gpu": "NVIDIA H200", "rows": [[4608, 0.2, 0.40, 0.42], [16896, 0.2, 1.1, 3.9]],
+             "rows_eager": [[4608, 0.2, 1.10, 0.42], [16896, 0.2, 1.1, 3.9]]}
+    assert breakeven_reason(table, "NVIDIA H200", 4608, 0.2) is None  # replayed from a graph: faster
+    why = breakeven_reason(table, "NVIDIA H200", 4608, 0.2, graphs=False)
+    assert why is not None and "2.62x" in why and "without CUDA graphs" in why
+    # a table measured before the graph cache has only "rows": they count either way
+    old = {"gpu": "NVIDIA H200", "rows": table["rows_eager"]}
+    assert breakeven_reason(old, "NVIDIA H200", 4608, 0.2) is not None
+    assert breakeven_reason(old, "NVIDIA H200", 4608, 0.2, graphs=False) is not None
