@@ -1,8 +1,10 @@
 """Block statistics in Triton (the routing lives in route.py).
 
-`_block_stats_kernel`: one program per 64-token block of one (batch, head) (and half of the columns) writes the float32 k-bar, q-bar (and
-q^2, sigma^2 for PWT) used for routing, the k-bar and value means in the input dtype that the attention kernel
-multiplies on tensor cores, and whether the block is finite. `_hsum_kernel` (pisa / pwt / cov_bias): G blocks
+`_block_stats_kernel`: one program per 64-token block of one (batch, head) and half of the columns (by default;
+STATS_BLOCKS groups blocks per program) writes the float32 k-bar, q-bar (and q^2, sigma^2 for PWT) used for
+routing, the k-bar and value means in the input dtype that the attention kernel multiplies on tensor cores, and
+whether the block is finite; with a Morton permutation it can also write q, k, v in block order (GATHER), so
+the reorder rides on this read. `_hsum_kernel` (pisa / pwt / cov_bias): G blocks
 per program accumulate sum_j H_j = sum_j (K_j - kbar_j)^T V_j in registers ([D, D] float32, tensor cores), with
 k-bar read back instead of reduced in the loop, and write that partial once; the routing sums the partials of
 a head into H-bar (no atomics, no memset, bitwise reproducible). Measured and dropped: one kernel doing both
@@ -233,7 +235,11 @@ def _n_sm(device) -> int:
 
 # tuning knobs (bench/pieces.py --sweep; H200 numbers in bench/results/pieces_h200.md): the per-block kernel at
 # 4 warps beat 8 (Wan2.1-14B 480p pwt statistics 0.78 vs 1.24 ms with [64, 128] tiles); H-sum programs per SM
-# made no difference between 1 and 4 (the [D, D] accumulator allows one resident CTA at 8 warps)
+# made no difference between 1 and 4 (the [D, D] accumulator allows one resident CTA at 8 warps). Programs over
+# several blocks, with or without the next block's tiles prefetched into registers, measured slower than one block
+# per program (480p / 720p pwt statistics: 8 blocks + prefetch 0.90 / 2.02 ms at 64 columns, 1.08 / 2.37 at 32;
+# one block, 64 columns 0.84 / 1.91; run 6 of pieces_h200.md): the prefetch doubles the live tiles (246-255
+# registers, 2 CTAs per SM) and three one-block CTAs per SM already keep as many bytes in flight
 HSUM_CTAS_PER_SM = 2
 STATS_WARPS = 4
 STATS_DB = 64  # columns per statistics program
@@ -243,8 +249,8 @@ STATS_MIN_WAVES = 8  # at least this many statistics programs per SM before bloc
 
 
 def stats_blocks_per_program(n: int, programs_per_block: int, device=None) -> int:
-    """Blocks each statistics program loops over: STATS_BLOCKS, fewer
-    when the grid would not fill STATS_MIN_WAVES programs per SM."""
+    """Blocks each statistics program loops over: STATS_BLOCKS, fewer when the grid would not fill STATS_MIN_WAVES
+    programs per SM."""
     n_sm = _n_sm(device) if device is not None else 132
     fill = max(1, (n * programs_per_block) // (STATS_MIN_WAVES * n_sm))
     return max(1, min(STATS_BLOCKS, fill, n))
