@@ -175,12 +175,10 @@ def _forward_heads(q, k, v, cfg: SparseConfig, *, routing=None, perm=None, n_pre
     q, k, v = _contig_last(q), _contig_last(k), _contig_last(v)
     B, H, T, D = q.shape
     n = -(-T // cfg.block_size)
-    out = torch.empty_like(q)
-    if out.stride(-1) != 1:
-        out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     fperm = _full_perm(perm, n_prefix, T, q.device) if perm is not None else None
     if fperm is not None and routing is None and (reorder_in or REORDER_IN) == "stats":
-        return _forward_gathered(q, k, v, out, cfg, perm, fperm, n_prefix, config, scratch, attention)
+        return _forward_gathered(q, k, v, cfg, perm, fperm, n_prefix, config, scratch, attention)
+    out = _output_like(q)
     k_est = routing.idx.shape[-1] if routing is not None else cfg.budget(n) + 2 * cfg.band + 1 + cfg.n_sink_blocks
     frac = _scratch_fraction() if scratch is None else scratch
     hc = H if frac <= 0 else _heads_per_chunk(B, H, T, D, cfg, q.element_size(), min(n, k_est), frac, q.device)
@@ -211,13 +209,19 @@ def _forward_heads(q, k, v, cfg: SparseConfig, *, routing=None, perm=None, n_pre
     return out
 
 
-def _forward_gathered(q, k, v, out, cfg, perm, fperm, n_prefix, config, scratch, attention):
+def _output_like(q):
+    """The output buffer: q's layout (a [B, L, H, D] caller's view comes back with the same strides)."""
+    out = torch.empty_like(q)
+    return out if out.stride(-1) == 1 else torch.empty(q.shape, device=q.device, dtype=q.dtype)
+
+
+def _forward_gathered(q, k, v, cfg, perm, fperm, n_prefix, config, scratch, attention):
     """_forward_heads with the Morton gather inside the statistics kernel: per head chunk it reads q, k, v
     through `fperm` once and writes block-order copies (one [B, H, T, D] buffer each, allocated here), routing
     and attention then run on those as on unpermuted inputs, and one scatter writes the output back into
-    `out` (the caller's layout, so a [B, L, H, D] caller's view needs no further copy). Scratch: 4x q's bytes
-    (the block-order output has its own buffer: writing it over the gathered q corrupts q whenever a kernel
-    runs more than once on the same arguments, as Triton's autotuner does on a new key)."""
+    a new output in the caller's layout (a [B, L, H, D] caller's view needs no further copy). Scratch: 4x q's
+    bytes + the statistics (the block-order output has its own buffer: writing it over the gathered q corrupts q
+    whenever a kernel runs more than once on the same arguments, as Triton's autotuner does on a new key)."""
     B, H, T, D = q.shape
     n = -(-T // cfg.block_size)
     g = torch.empty((3, B, H, T, D), device=q.device, dtype=q.dtype)
@@ -233,7 +237,11 @@ def _forward_gathered(q, k, v, out, cfg, perm, fperm, n_prefix, config, scratch,
         st = _stats.block_stats(q[:, h0:h1], k[:, h0:h1], v[:, h0:h1], cfg, perm=fperm, gathered=(qg, kg, vg))
         idx, vbias = _stats.route(st, cfg, q.dtype, score_bytes=score_bytes)
         attention(qg, kg, vg, oc, st, idx, vbias, cfg, **kw)
-    return _scatter_into(og, perm, n_prefix, out)
+        del st, idx, vbias, qg, kg, vg, oc
+    # the output is allocated only after the copies and the last chunk's statistics are freed: the peak is the
+    # head loop's (copies + block-order output + scratch), not that plus the output
+    del g
+    return _scatter_into(og, perm, n_prefix, _output_like(q))
 
 
 def _scatter_into(x, perm, n_prefix, out):
