@@ -200,8 +200,7 @@ if _IMPORT_ERROR is None and _kt._IMPORT_ERROR is None and hasattr(torch, "libra
 
     @_cute_fwd_op.register_fake
     def _(q, k, v, density, variant, band, n_sink_blocks, cov_bias, block_size, scale, perm, n_prefix):
-        out = torch.empty_like(q)
-        return out if out.stride(-1) == 1 else torch.empty(q.shape, device=q.device, dtype=q.dtype)
+        return _kt._output_like(q)
 
     _OP = torch.ops.psa.cute_fwd
 else:

@@ -179,10 +179,7 @@ def _forward_heads(q, k, v, cfg: SparseConfig, *, routing=None, perm=None, n_pre
     if fperm is not None and routing is None and (reorder_in or REORDER_IN) == "stats":
         return _forward_gathered(q, k, v, cfg, perm, fperm, n_prefix, config, scratch, attention)
     out = _output_like(q)
-    k_est = routing.idx.shape[-1] if routing is not None else cfg.budget(n) + 2 * cfg.band + 1 + cfg.n_sink_blocks
-    frac = _scratch_fraction() if scratch is None else scratch
-    hc = H if frac <= 0 else _heads_per_chunk(B, H, T, D, cfg, q.element_size(), min(n, k_est), frac, q.device)
-    score_bytes = score_budget(q.numel() * q.element_size())
+    hc, score_bytes = _chunking(q, cfg, routing.idx.shape[-1] if routing is not None else None, scratch)
     for h0 in range(0, H, hc):
         h1 = min(H, h0 + hc)
         qc, kc, vc, oc = q[:, h0:h1], k[:, h0:h1], v[:, h0:h1], out[:, h0:h1]
@@ -209,6 +206,17 @@ def _forward_heads(q, k, v, cfg: SparseConfig, *, routing=None, perm=None, n_pre
     return out
 
 
+def _chunking(q, cfg, k_lists, scratch):
+    """(heads per chunk, the routing scores' byte budget) for q [B, H, T, D]; k_lists: the routing's list length
+    when it is given, else the estimate from the budget, band and sinks."""
+    B, H, T, D = q.shape
+    n = -(-T // cfg.block_size)
+    k_est = k_lists if k_lists is not None else cfg.budget(n) + 2 * cfg.band + 1 + cfg.n_sink_blocks
+    frac = _scratch_fraction() if scratch is None else scratch
+    hc = H if frac <= 0 else _heads_per_chunk(B, H, T, D, cfg, q.element_size(), min(n, k_est), frac, q.device)
+    return hc, score_budget(q.numel() * q.element_size())
+
+
 def _output_like(q):
     """The output buffer: q's layout (a [B, L, H, D] caller's view comes back with the same strides)."""
     out = torch.empty_like(q)
@@ -223,13 +231,9 @@ def _forward_gathered(q, k, v, cfg, perm, fperm, n_prefix, config, scratch, atte
     bytes + the statistics (the block-order output has its own buffer: writing it over the gathered q corrupts q
     whenever a kernel runs more than once on the same arguments, as Triton's autotuner does on a new key)."""
     B, H, T, D = q.shape
-    n = -(-T // cfg.block_size)
     g = torch.empty((3, B, H, T, D), device=q.device, dtype=q.dtype)
     og = torch.empty((B, H, T, D), device=q.device, dtype=q.dtype)
-    k_est = cfg.budget(n) + 2 * cfg.band + 1 + cfg.n_sink_blocks
-    frac = _scratch_fraction() if scratch is None else scratch
-    hc = H if frac <= 0 else _heads_per_chunk(B, H, T, D, cfg, q.element_size(), min(n, k_est), frac, q.device)
-    score_bytes = score_budget(q.numel() * q.element_size())
+    hc, score_bytes = _chunking(q, cfg, None, scratch)
     kw = {} if config is None else {"config": config}
     for h0 in range(0, H, hc):
         h1 = min(H, h0 + hc)
@@ -273,8 +277,7 @@ if _IMPORT_ERROR is None and hasattr(torch, "library") and hasattr(torch.library
 
     @_triton_fwd_op.register_fake
     def _(q, k, v, density, variant, band, n_sink_blocks, cov_bias, block_size, scale, perm, n_prefix):
-        out = torch.empty_like(q)
-        return out if out.stride(-1) == 1 else torch.empty(q.shape, device=q.device, dtype=q.dtype)
+        return _output_like(q)
 
     _OP = torch.ops.psa.triton_fwd
 else:
