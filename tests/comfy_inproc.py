@@ -90,3 +90,22 @@ def tiny_flux(**overrides):
 
     cfg = flux_config(**overrides)
     return init_weights(Flux(operations=comfy.ops.disable_weight_init, **cfg).float())
+
+
+def tiny_patcher(family: str):
+    """A CPU ModelPatcher around ComfyUI's own model class of `family` ("flux", "wan_i2v", else Wan2.1 T2V) at the
+    tiny configs above, float32, deterministic weights."""
+    import comfy.model_patcher
+    import comfy.supported_models
+
+    if family == "flux":
+        mc = comfy.supported_models.Flux(dict(flux_config(), image_model="flux"))
+    elif family == "wan_i2v":
+        mc = comfy.supported_models.WAN21_I2V(dict(WAN_TINY, image_model="wan2.1", model_type="i2v", in_dim=36))
+    else:
+        mc = comfy.supported_models.WAN21_T2V(dict(WAN_TINY, image_model="wan2.1"))
+    cpu = torch.device("cpu")
+    mb = mc.get_model({}, device=cpu)
+    init_weights(mb.diffusion_model)
+    mb.diffusion_model.float()
+    return comfy.model_patcher.ModelPatcher(mb, load_device=cpu, offload_device=cpu)

@@ -1,6 +1,7 @@
-"""Helpers shared by the GPU test modules (test_triton_gpu.py, test_cute_gpu.py): seeded inputs on the current
-CUDA device, relative L2 error, a SparseConfig shorthand, the float64 reference with its routing, and the
-torch.compile check of a small module that calls a backend's forward."""
+"""Helpers shared by the GPU test modules (test_triton_gpu.py, test_cute_gpu.py, test_backward_gpu.py): seeded
+inputs on the current CUDA device, relative L2 error, a SparseConfig shorthand, the float64 reference with its
+routing (and its gradients, also used by the interpreter's backward driver), and the torch.compile check of a
+small module that calls a backend's forward."""
 import torch
 
 
@@ -11,6 +12,15 @@ def rnd(shape, dtype=torch.bfloat16, seed=0, device="cuda"):
 
 def rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def node_layout_qkv(B, T, H, D, seed=0):
+    """q, k, v as the node hands them to the operator: [B, L, H*D] memory (Wan's layout) seen as [B, H, L, D]."""
+    return tuple(rnd((B, T, H * D), seed=seed + s).view(B, T, H, D).transpose(1, 2) for s in range(3))
+
+
+# a Wan-like odd Morton grid with a 7-token prefix, B = 2 (the reorder tests of both backends)
+MORTON_GRID, MORTON_PREFIX, MORTON_BHD = (5, 30, 52), 7, (2, 3, 128)
 
 
 def cfg_of(D, density, variant, band=1, sinks=0, cov=False):
@@ -28,6 +38,19 @@ def float64_reference(q, k, v, cfg):
     st = block_stats(q64, k64, v64, cfg.block_size, need_hnorm=cfg.cov_bias)
     r = route(st, cfg)
     return r, reference.forward(q64, k64, v64, cfg, routing=r, stats=st)
+
+
+def reference_grads(q, k, v, do, cfg):
+    """(routing with w detached, output, (dq, dk, dv)) of the float64 reference, differentiated through its
+    statistics and w."""
+    from kernels import reference
+    from kernels.routing import block_stats, route
+    q64, k64, v64 = (x.double().requires_grad_(True) for x in (q, k, v))
+    st = block_stats(q64, k64, v64, cfg.block_size, need_hnorm=cfg.cov_bias)
+    r = route(st, cfg)
+    out = reference.forward(q64, k64, v64, cfg, routing=r, stats=st)
+    g = torch.autograd.grad(out, (q64, k64, v64), do.double())
+    return type(r)(idx=r.idx, exact=r.exact, w=r.w.detach()), out.detach(), g
 
 
 def compiled_block(forward, D, density=0.25, variant="pwt", T=700, device="cuda"):

@@ -7,25 +7,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpu_common import cfg_of, rel, rnd
+from gpu_common import cfg_of, reference_grads, rel, rnd
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 VARIANTS = ["pwt", "pisa", "drop"]
 GRADS = ("dq", "dk", "dv")
-
-
-def reference_grads(q, k, v, do, cfg):
-    """(routing, (dq, dk, dv)) of the float64 reference, differentiated through its statistics and w."""
-    from kernels import reference
-    from kernels.routing import block_stats, route
-    q64, k64, v64 = (x.double().requires_grad_(True) for x in (q, k, v))
-    st = block_stats(q64, k64, v64, cfg.block_size, need_hnorm=cfg.cov_bias)
-    r = route(st, cfg)
-    out = reference.forward(q64, k64, v64, cfg, routing=r, stats=st)
-    g = torch.autograd.grad(out, (q64, k64, v64), do.double())
-    return type(r)(idx=r.idx, exact=r.exact, w=r.w.detach()), g
 
 
 def sdpa_bf16_error(q, k, v, do):
@@ -39,7 +27,7 @@ def sdpa_bf16_error(q, k, v, do):
 def check_grads(q, k, v, cfg, seed=5):
     from kernels.triton import train
     do = rnd(q.shape, q.dtype, seed=seed)
-    r, want = reference_grads(q, k, v, do, cfg)
+    r, _, want = reference_grads(q, k, v, do, cfg)
     out, lse, vbias, st = train.forward_saving(q, k, v, cfg, routing=r)
     got = train.backward(do, q, k, v, out, lse, vbias, st, cfg)
     torch_err = sdpa_bf16_error(q, k, v, do)

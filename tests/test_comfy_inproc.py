@@ -19,7 +19,7 @@ skip_without_comfyui()
 
 import torch  # noqa: E402
 
-from comfy_inproc import WAN_TINY, flux_config, import_comfy, init_weights, load_pack  # noqa: E402
+from comfy_inproc import import_comfy, load_pack, tiny_patcher  # noqa: E402
 
 import_comfy()
 load_pack()
@@ -33,16 +33,7 @@ TXT = 64  # text tokens of the test conditioning
 
 
 def _patcher(family: str):
-    if family == "flux":
-        mc = comfy.supported_models.Flux(dict(flux_config(), image_model="flux"))
-    elif family == "wan_i2v":
-        mc = comfy.supported_models.WAN21_I2V(dict(WAN_TINY, image_model="wan2.1", model_type="i2v", in_dim=36))
-    else:
-        mc = comfy.supported_models.WAN21_T2V(dict(WAN_TINY, image_model="wan2.1"))
-    mb = mc.get_model({}, device=CPU)
-    init_weights(mb.diffusion_model)
-    mb.diffusion_model.float()
-    return comfy.model_patcher.ModelPatcher(mb, load_device=CPU, offload_device=CPU)
+    return tiny_patcher(family)
 
 
 @pytest.fixture(scope="module")

@@ -20,12 +20,10 @@ skip_without_comfyui()
 
 import torch  # noqa: E402
 
-from comfy_inproc import WAN_TINY, flux_config, import_comfy, init_weights, load_pack  # noqa: E402
+from comfy_inproc import import_comfy, load_pack, tiny_patcher  # noqa: E402
 
 import_comfy()
 load_pack()
-import comfy.model_patcher  # noqa: E402
-import comfy.supported_models  # noqa: E402
 import comfy_extras.nodes_train as nodes_train  # noqa: E402
 from psa_pack.nodes import patch, policy  # noqa: E402
 
@@ -33,14 +31,7 @@ CPU = torch.device("cpu")
 
 
 def _patcher(family: str):
-    if family == "flux":
-        mc = comfy.supported_models.Flux(dict(flux_config(), image_model="flux"))
-    else:
-        mc = comfy.supported_models.WAN21_T2V(dict(WAN_TINY, image_model="wan2.1"))
-    mb = mc.get_model({}, device=CPU)
-    init_weights(mb.diffusion_model)
-    mb.diffusion_model.float()
-    p = comfy.model_patcher.ModelPatcher(mb, load_device=CPU, offload_device=CPU)
+    p = tiny_patcher(family)
     if hasattr(p, "cached_patcher_init"):  # 0.33: Train LoRA deep-copies the model by re-running its loader
         p.cached_patcher_init = (_reload, (family,))
     return p

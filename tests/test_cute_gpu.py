@@ -2,11 +2,14 @@
 identical routing, density 1 vs SDPA, odd lengths, batch 2, band 0 / sinks, large logits, auto dispatch,
 torch.compile. Skipped (one line) without CUDA, an SM90 GPU or nvidia-cutlass-dsl; run on the H200 with
 `pytest -m gpu tests/test_cute_gpu.py`. Small shapes: each test takes seconds once the kernel is compiled."""
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from gpu_common import cfg_of, compiled_block, float64_reference, rel, rnd
+from gpu_common import (MORTON_BHD, MORTON_GRID, MORTON_PREFIX, cfg_of, compiled_block, float64_reference,
+                        node_layout_qkv, rel, rnd)
 
 
 def _skip_reason():
@@ -194,7 +197,7 @@ def test_strided_views_as_comfyui_passes_them(variant):
     from kernels import cute as kc
     from kernels import triton as kt
     B, H, T, D = 2, 3, 1000, 128
-    q, k, v = (rnd((B, T, H * D), seed=80 + s).view(B, T, H, D).transpose(1, 2) for s in range(3))
+    q, k, v = node_layout_qkv(B, T, H, D, seed=80)
     assert not q.is_contiguous()
     cfg = cfg_of(D, 0.25, variant)
     out = kc.forward(q, k, v, cfg)
@@ -211,10 +214,8 @@ def test_morton_gathered_in_the_statistics_kernel_as_the_node_calls_it(variant):
     from kernels import cute as kc
     from kernels import piecewise_sparse_attention as psa
     from kernels.reorder import orders_on
-    grid, npre = (5, 30, 52), 7
-    B, H, D = 2, 3, 128
-    T = npre + 5 * 30 * 52
-    q, k, v = (rnd((B, T, H * D), seed=90 + s).view(B, T, H, D).transpose(1, 2) for s in range(3))
+    grid, npre, (B, H, D) = MORTON_GRID, MORTON_PREFIX, MORTON_BHD
+    q, k, v = node_layout_qkv(B, npre + math.prod(grid), H, D, seed=90)
     cfg = cfg_of(D, 0.125, variant)
     perm, inv = orders_on(grid, "cuda")
     out = psa(q, k, v, density=0.125, variant=variant, reorder="morton", grid=grid, n_prefix=npre, backend="cute",

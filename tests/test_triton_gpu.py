@@ -1,11 +1,14 @@
 """Triton backend at real sizes on a CUDA GPU: bf16/fp16 output vs the float64 reference under identical
 routing, density 1 vs SDPA, odd lengths, batch 2, structured inputs, fused Morton reorder, torch.compile.
 Skipped without CUDA (CI); run on the H200 with `pytest -m gpu tests/test_triton_gpu.py`."""
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from gpu_common import cfg_of, compiled_block, float64_reference, rel, rnd
+from gpu_common import (MORTON_BHD, MORTON_GRID, MORTON_PREFIX, cfg_of, compiled_block, float64_reference,
+                        node_layout_qkv, rel, rnd)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -94,10 +97,8 @@ def test_morton_gathered_in_the_statistics_kernel_as_the_node_calls_it(variant):
     gather / scatter passes: Wan-like odd grid, 7-token prefix, B = 2."""
     from kernels import triton as kt
     from kernels.reorder import orders_on
-    grid, npre = (5, 30, 52), 7
-    B, H, D = 2, 3, 128
-    T = npre + 5 * 30 * 52
-    q, k, v = (rnd((B, T, H * D), seed=95 + s).view(B, T, H, D).transpose(1, 2) for s in range(3))
+    grid, npre, (B, H, D) = MORTON_GRID, MORTON_PREFIX, MORTON_BHD
+    q, k, v = node_layout_qkv(B, npre + math.prod(grid), H, D, seed=95)
     cfg = cfg_of(D, 0.125, variant)
     perm, inv = orders_on(grid, "cuda")
     out = kt.forward(q, k, v, cfg, perm=perm, n_prefix=npre)

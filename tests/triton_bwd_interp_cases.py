@@ -8,7 +8,6 @@ import json
 import math
 import os
 import sys
-import traceback
 
 os.environ["TRITON_INTERPRET"] = "1"
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
@@ -19,46 +18,13 @@ import torch.nn.functional as F  # noqa: E402
 
 from kernels import reference  # noqa: E402
 from kernels import triton as kt  # noqa: E402
-from kernels.config import SparseConfig  # noqa: E402
 from kernels.routing import block_stats, route  # noqa: E402
 from kernels.triton import train  # noqa: E402
+from gpu_common import reference_grads  # noqa: E402
+from interp_common import case_recorder, cfg_of, rel, rnd  # noqa: E402
 
 RES = {}
-
-
-def rnd(*shape, seed=0, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
-
-
-def rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-300)).item()
-
-
-def cfg_of(D, density, variant, band=1, sinks=0, cov=False):
-    return SparseConfig(density=density, variant=variant, band=band, n_sink_blocks=sinks, cov_bias=cov,
-                        scale=D ** -0.5)
-
-
-def case(name):
-    def deco(fn):
-        try:
-            RES[name] = fn()
-        except Exception:
-            RES[name] = {"error": traceback.format_exc()}
-        return fn
-    return deco
-
-
-def reference_grads(q, k, v, do, cfg):
-    """(routing, out, (dq, dk, dv)) of the float64 reference, differentiated through its statistics and w."""
-    q64, k64, v64 = (x.double().requires_grad_(True) for x in (q, k, v))
-    st = block_stats(q64, k64, v64, cfg.block_size, need_hnorm=cfg.cov_bias)
-    r = route(st, cfg)
-    out = reference.forward(q64, k64, v64, cfg, routing=r, stats=st)
-    g = torch.autograd.grad(out, (q64, k64, v64), do.double())
-    det = type(r)(idx=r.idx, exact=r.exact, w=r.w.detach())
-    return det, out.detach(), g
+case = case_recorder(RES)
 
 
 def same_routing(q, k, v, cfg, seed=7):

@@ -8,7 +8,6 @@ import json
 import math
 import os
 import sys
-import traceback
 
 os.environ["TRITON_INTERPRET"] = "1"
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
@@ -23,32 +22,10 @@ from kernels.config import SparseConfig  # noqa: E402
 from kernels.reorder import apply_reorder, orders_on  # noqa: E402
 from kernels.routing import BlockStats, block_stats, route  # noqa: E402
 from kernels.triton import fwd, stats  # noqa: E402
+from interp_common import case_recorder, cfg_of, rel, rnd  # noqa: E402
 
 RES = {}
-
-
-def rnd(*shape, seed=0, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
-
-
-def rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
-def cfg_of(D, density, variant, band=1, sinks=0, cov=False):
-    return SparseConfig(density=density, variant=variant, band=band, n_sink_blocks=sinks, cov_bias=cov,
-                        scale=D ** -0.5)
-
-
-def case(name):
-    def deco(fn):
-        try:
-            RES[name] = fn()
-        except Exception:
-            RES[name] = {"error": traceback.format_exc()}
-        return fn
-    return deco
+case = case_recorder(RES)
 
 
 def same_routing(q, k, v, cfg, config=None):
