@@ -64,27 +64,36 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cute.runtime import from_dlpack
 
+from .tile_ops import BS, LOG2E, TileOps
+
 log = logging.getLogger("piecewise_sparse_attention")
 
 IMPORT_ERROR = None  # this module only imports when nvidia-cutlass-dsl does (kernels/cute/__init__.py)
 
-BS = 64  # query rows per CTA = tokens per routing block
 D_SUPPORTED = 128
-LOG2E = 1.4426950408889634
+# two KV blocks per softmax step (PSA_CUTE_PAIR overrides); a pair holds four 16 KiB tiles at once, so it
+# needs more stages for the same look-ahead (PSA_CUTE_STAGES overrides). Chosen on the H200: bench/pieces.py
+PAIR = {"drop": False, "pisa/pwt": False}
+PAIR_STAGES = 6
 
 
-class PiecewiseSparseFwdSm90:
+class PiecewiseSparseFwdSm90(TileOps):
     """Compile-time configuration: variant family (exact only, or exact + virtual tokens) and stages."""
 
-    def __init__(self, approx: bool, kv_stages: int = 4, head_dim: int = 128):
+    def __init__(self, approx: bool, kv_stages: int = 4, head_dim: int = 128, pair: bool = False):
         self.approx = approx
+        self.pair = pair  # two KV blocks per softmax step (tile_ops docstring)
         self.kv_stages = kv_stages
+        if pair and kv_stages < 4:
+            raise ValueError("pair=True holds four tiles at once: kv_stages >= 4")
         self.d = head_dim
         self.qk_tiler = (BS, BS, head_dim)  # (M, N, K) of S = Q K^T
         self.pv_tiler = (BS, head_dim, BS)  # (M, N, K) of O = P V
         self.threads = 256
-        self.regs_producer = 40
-        self.regs_consumer = 216
+        # setmaxnreg budgets (2 CTAs x 256 threads share 64K registers): a pair's pisa/pwt step holds two
+        # S tiles, two P tiles and the bias columns next to the output (232 avoids ptxas spills there)
+        self.regs_producer = 24 if (pair and approx) else 40
+        self.regs_consumer = 232 if (pair and approx) else 216
 
     # ------------------------------------------------------------------ host side (traced once)
     @cute.jit
@@ -203,25 +212,56 @@ class PiecewiseSparseFwdSm90:
                 tVs, tVg = self._tma_part(tma_v, sV, gVt, self.d, BS)
                 h = q_prod.acquire_and_advance()
                 cute.copy(tma_q, tQg[(None, i_q, 0, hb)], tQs[(None, h.index)], tma_bar_ptr=h.barrier)
-                for kk in cutlass.range(n_sel, unroll=1):
-                    j = mIdx[i_b, i_h, i_q, kk]
-                    if j >= 0:
-                        h = kv_prod.acquire_and_advance()
-                        cute.copy(tma_k, tKg[(None, j, 0, hb)], tKs[(None, h.index)], tma_bar_ptr=h.barrier)
-                        h = kv_prod.acquire_and_advance()
-                        cute.copy(tma_v, tVg[(None, 0, j, hb)], tVs[(None, h.index)], tma_bar_ptr=h.barrier)
+                if cutlass.const_expr(self.pair):
+                    # pairs in the order K_a K_b V_a V_b; an odd last block pairs with block n_kv, past the end
+                    # of the tensor (TMA fills zeros; the consumer masks its scores)
+                    for kk in cutlass.range(0, n_sel, 2, unroll=1):
+                        ja = mIdx[i_b, i_h, i_q, kk]
+                        if ja >= 0:
+                            jb = n_kv
+                            if kk + 1 < n_sel:
+                                jn = mIdx[i_b, i_h, i_q, kk + 1]
+                                if jn >= 0:
+                                    jb = jn
+                            h = kv_prod.acquire_and_advance()
+                            cute.copy(tma_k, tKg[(None, ja, 0, hb)], tKs[(None, h.index)], tma_bar_ptr=h.barrier)
+                            h = kv_prod.acquire_and_advance()
+                            cute.copy(tma_k, tKg[(None, jb, 0, hb)], tKs[(None, h.index)], tma_bar_ptr=h.barrier)
+                            h = kv_prod.acquire_and_advance()
+                            cute.copy(tma_v, tVg[(None, 0, ja, hb)], tVs[(None, h.index)], tma_bar_ptr=h.barrier)
+                            h = kv_prod.acquire_and_advance()
+                            cute.copy(tma_v, tVg[(None, 0, jb, hb)], tVs[(None, h.index)], tma_bar_ptr=h.barrier)
+                else:
+                    for kk in cutlass.range(n_sel, unroll=1):
+                        j = mIdx[i_b, i_h, i_q, kk]
+                        if j >= 0:
+                            h = kv_prod.acquire_and_advance()
+                            cute.copy(tma_k, tKg[(None, j, 0, hb)], tKs[(None, h.index)], tma_bar_ptr=h.barrier)
+                            h = kv_prod.acquire_and_advance()
+                            cute.copy(tma_v, tVg[(None, 0, j, hb)], tVs[(None, h.index)], tma_bar_ptr=h.barrier)
                 if cutlass.const_expr(self.approx):
                     if n_vt > 0:
                         tKbs, tKbg = self._tma_part(tma_kb, sK, gKbt, BS, self.d)
                         tVms, tVmg = self._tma_part(tma_vm, sV, gVmt, self.d, BS)
                         tHs, tHg = self._tma_part(tma_h, sV, gHt, self.d, BS)
-                        for t in cutlass.range(n_vt, unroll=1):
-                            h = kv_prod.acquire_and_advance()
-                            cute.copy(tma_kb, tKbg[(None, t, 0, hb)], tKbs[(None, h.index)],
-                                      tma_bar_ptr=h.barrier)
-                            h = kv_prod.acquire_and_advance()
-                            cute.copy(tma_vm, tVmg[(None, 0, t, hb)], tVms[(None, h.index)],
-                                      tma_bar_ptr=h.barrier)
+                        if cutlass.const_expr(self.pair):
+                            for t in cutlass.range(0, n_vt, 2, unroll=1):  # t + 1 = n_vt reads zeros
+                                for u in cutlass.range_constexpr(2):
+                                    h = kv_prod.acquire_and_advance()
+                                    cute.copy(tma_kb, tKbg[(None, t + u, 0, hb)], tKbs[(None, h.index)],
+                                              tma_bar_ptr=h.barrier)
+                                for u in cutlass.range_constexpr(2):
+                                    h = kv_prod.acquire_and_advance()
+                                    cute.copy(tma_vm, tVmg[(None, 0, t + u, hb)], tVms[(None, h.index)],
+                                              tma_bar_ptr=h.barrier)
+                        else:
+                            for t in cutlass.range(n_vt, unroll=1):
+                                h = kv_prod.acquire_and_advance()
+                                cute.copy(tma_kb, tKbg[(None, t, 0, hb)], tKbs[(None, h.index)],
+                                          tma_bar_ptr=h.barrier)
+                                h = kv_prod.acquire_and_advance()
+                                cute.copy(tma_vm, tVmg[(None, 0, t, hb)], tVms[(None, h.index)],
+                                          tma_bar_ptr=h.barrier)
                         for t in cutlass.range_constexpr(self.d // BS):
                             h = kv_prod.acquire_and_advance()
                             cute.copy(tma_h, tHg[(None, 0, t, hb)], tHs[(None, h.index)], tma_bar_ptr=h.barrier)
@@ -280,43 +320,104 @@ class PiecewiseSparseFwdSm90:
             # While P_{u-1} V_{u-1} runs on the tensor cores, the softmax of S_u = Q K_u^T runs on the other units
             # (FlashAttention-3 style, within the warpgroup); a virtual tile's bias row and token counts are
             # loaded before its S GEMM is waited for.
-            n_tiles = n_valid
             n_last = cutlass.Float32(rem)
-            cnt = cute.make_rmem_tensor(s_shape, cutlass.Float32)
-            bias = cute.make_rmem_tensor(s_shape, cutlass.Float32)
-            if cutlass.const_expr(self.approx):
-                n_tiles = n_valid + n_vt
-            if n_tiles > 0:
+            if cutlass.const_expr(self.pair):
+                # the same pipeline over pairs of tiles: exact pairs g (list positions 2g, 2g + 1), then
+                # (pisa/pwt) virtual pairs; the producer's order is K_a K_b V_a V_b per pair
+                acc_s1 = cute.make_rmem_tensor(s_shape, cutlass.Float32)
+                tOrP1 = cute.make_rmem_tensor(pv_thr.partition_shape_A(self.pv_tiler[::2]), mO.element_type)
+                bias0 = cute.make_rmem_tensor(cute.make_layout(cute.size(acc_s) // 2), mVB.element_type)
+                bias1 = cute.make_rmem_tensor(cute.make_layout(cute.size(acc_s) // 2), mVB.element_type)
+                n_ge = (n_valid + 1) // 2
+                n_g = n_ge
                 if cutlass.const_expr(self.approx):
-                    if n_valid == 0:
-                        self._load_bias(bias, cnt, mVB, tScS, i_b, i_h, i_q, 0, n_kv, n_last)
-                kh0 = kv_cons.wait_and_advance()
-                self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, kh0.index)])
-                warpgroup.wait_group(0)
-                kh0.release()
-                self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
-                                   n_valid == 0, kk_tail == 0, rem, True)
-                self._to_p(acc_s, tOrP)
-                for u in cutlass.range(1, n_tiles, unroll=1):
+                    n_g = n_ge + (n_vt + 1) // 2
+                if n_g > 0:
                     if cutlass.const_expr(self.approx):
-                        if u >= n_valid:
-                            self._load_bias(bias, cnt, mVB, tScS, i_b, i_h, i_q, u - n_valid, n_kv, n_last)
-                    vh = kv_cons.wait_and_advance()  # V_{u-1} (or the value means of a virtual tile)
-                    kh = kv_cons.wait_and_advance()  # K_u (or the k-bar tile)
-                    self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, kh.index)])
-                    self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, vh.index)])
-                    warpgroup.wait_group(1)  # S_u ready; P_{u-1} V_{u-1} may still run
-                    kh.release()
-                    self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
-                                       u >= n_valid, kk_tail == u, rem, False)
+                        if n_ge == 0:
+                            self._load_bias_cols(bias0, mVB, tScS, i_b, i_h, i_q, 0, n_kv)
+                            self._load_bias_cols(bias1, mVB, tScS, i_b, i_h, i_q, 1, n_kv)
+                    ka = kv_cons.wait_and_advance()
+                    kb = kv_cons.wait_and_advance()
+                    self._issue_ss2(qk_mma, acc_s, acc_s1, sQi, tSrK[(None, None, None, ka.index)],
+                                    tSrK[(None, None, None, kb.index)])
                     warpgroup.wait_group(0)
-                    vh.release()
-                    self._rescale_o(acc_o, alpha)
+                    ka.release()
+                    kb.release()
+                    self._softmax_pair(acc_s, acc_s1, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias0,
+                                       bias1, tScS, n_ge == 0, 0, n_valid, kk_tail, rem, 0, n_kv, n_last, True)
                     self._to_p(acc_s, tOrP)
-                vhl = kv_cons.wait_and_advance()
-                self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, vhl.index)])
-                warpgroup.wait_group(0)
-                vhl.release()
+                    self._to_p(acc_s1, tOrP1)
+                    for g in cutlass.range(1, n_g, unroll=1):
+                        t0 = 2 * (g - n_ge)
+                        if cutlass.const_expr(self.approx):
+                            if g >= n_ge:
+                                self._load_bias_cols(bias0, mVB, tScS, i_b, i_h, i_q, t0, n_kv)
+                                self._load_bias_cols(bias1, mVB, tScS, i_b, i_h, i_q, t0 + 1, n_kv)
+                        va = kv_cons.wait_and_advance()  # the previous pair's V tiles
+                        vb = kv_cons.wait_and_advance()
+                        ka = kv_cons.wait_and_advance()  # this pair's K tiles
+                        kb = kv_cons.wait_and_advance()
+                        self._issue_ss2(qk_mma, acc_s, acc_s1, sQi, tSrK[(None, None, None, ka.index)],
+                                        tSrK[(None, None, None, kb.index)])
+                        self._issue_rs2(pv_mma, acc_o, tOrP, tOrP1, tOrV[(None, None, None, va.index)],
+                                        tOrV[(None, None, None, vb.index)])
+                        warpgroup.wait_group(1)
+                        ka.release()
+                        kb.release()
+                        self._softmax_pair(acc_s, acc_s1, acc_o, row_max, row_sum, row_g, scale_log2, alpha,
+                                           bias0, bias1, tScS, g >= n_ge, g, n_valid, kk_tail, rem, t0, n_kv,
+                                           n_last, False)
+                        warpgroup.wait_group(0)
+                        va.release()
+                        vb.release()
+                        self._rescale_o(acc_o, alpha)
+                        self._to_p(acc_s, tOrP)
+                        self._to_p(acc_s1, tOrP1)
+                    va = kv_cons.wait_and_advance()
+                    vb = kv_cons.wait_and_advance()
+                    self._issue_rs2(pv_mma, acc_o, tOrP, tOrP1, tOrV[(None, None, None, va.index)],
+                                    tOrV[(None, None, None, vb.index)])
+                    warpgroup.wait_group(0)
+                    va.release()
+                    vb.release()
+            else:
+                n_tiles = n_valid
+                cnt = cute.make_rmem_tensor(s_shape, cutlass.Float32)
+                bias = cute.make_rmem_tensor(s_shape, cutlass.Float32)
+                if cutlass.const_expr(self.approx):
+                    n_tiles = n_valid + n_vt
+                if n_tiles > 0:
+                    if cutlass.const_expr(self.approx):
+                        if n_valid == 0:
+                            self._load_bias(bias, cnt, mVB, tScS, i_b, i_h, i_q, 0, n_kv, n_last)
+                    kh0 = kv_cons.wait_and_advance()
+                    self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, kh0.index)])
+                    warpgroup.wait_group(0)
+                    kh0.release()
+                    self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
+                                       n_valid == 0, kk_tail == 0, rem, True)
+                    self._to_p(acc_s, tOrP)
+                    for u in cutlass.range(1, n_tiles, unroll=1):
+                        if cutlass.const_expr(self.approx):
+                            if u >= n_valid:
+                                self._load_bias(bias, cnt, mVB, tScS, i_b, i_h, i_q, u - n_valid, n_kv, n_last)
+                        vh = kv_cons.wait_and_advance()  # V_{u-1} (or the value means of a virtual tile)
+                        kh = kv_cons.wait_and_advance()  # K_u (or the k-bar tile)
+                        self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, kh.index)])
+                        self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, vh.index)])
+                        warpgroup.wait_group(1)  # S_u ready; P_{u-1} V_{u-1} may still run
+                        kh.release()
+                        self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
+                                           u >= n_valid, kk_tail == u, rem, False)
+                        warpgroup.wait_group(0)
+                        vh.release()
+                        self._rescale_o(acc_o, alpha)
+                        self._to_p(acc_s, tOrP)
+                    vhl = kv_cons.wait_and_advance()
+                    self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, vhl.index)])
+                    warpgroup.wait_group(0)
+                    vhl.release()
             if cutlass.const_expr(self.approx):
                 if n_vt > 0:
                     # first-order term: acc += s (q H-bar) * g, g = sum_U e(s-hat) (per row, all threads)
@@ -352,157 +453,6 @@ class PiecewiseSparseFwdSm90:
                     mO[t_row, tOcO[e][1], hb] = (acc_o[e] / row_sum[self._row_slot_e(e)]).to(mO.element_type)
         return
 
-    # ------------------------------------------------------------------ helpers
-    @cute.jit
-    def _tma_part(self, atom, s, g, r, c):
-        """Partition a (rows, cols, (H, B)) TMA tensor into (r, c) tiles against a staged smem buffer."""
-        gt = cute.flat_divide(g, (r, c))  # (r, c, tiles_r, tiles_c, (H, B))
-        return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(s, 0, 2),
-                                     cute.group_modes(gt, 0, 2))
-
-    @cute.jit
-    def _issue_ss(self, mma, acc, a, b):
-        acc.fill(0.0)
-        warpgroup.fence()
-        for kb in cutlass.range_constexpr(cute.size(a, mode=[2])):
-            cute.gemm(mma, acc, a[(None, None, kb)], b[(None, None, kb)], acc)
-        warpgroup.commit_group()
-
-    @cute.jit
-    def _issue_rs(self, mma, acc, a, b):
-        warpgroup.fence()
-        for kb in cutlass.range_constexpr(cute.size(a, mode=[2])):
-            cute.gemm(mma, acc, a[(None, None, kb)], b[(None, None, kb)], acc)
-        warpgroup.commit_group()
-
-    @cute.jit
-    def _load_bias(self, bias, cnt, mVB, tScS, i_b, i_h, i_q, t, n_kv, n_last):
-        """Bias row (log2 units; -inf for an exact block or past the end) and real token counts of virtual
-        tile t (KV blocks t*64 .. t*64+63), per accumulator element of S."""
-        for e in cutlass.range_constexpr(cute.size(bias)):
-            jj = t * BS + tScS[e][1]
-            b = -cutlass.Float32.inf
-            c = cutlass.Float32(BS)
-            if jj < n_kv:
-                b = mVB[i_b, i_h, i_q, jj].to(cutlass.Float32) * LOG2E
-                if jj == n_kv - 1:
-                    c = n_last
-            bias[e] = b
-            cnt[e] = c
-
-    @cute.jit
-    def _softmax_tile(self, acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, is_virtual,
-                      is_tail, rem, rescale_o: cutlass.Constexpr):
-        """The online softmax of one tile: an exact tile (partial last block masked) or, for pisa/pwt, a
-        virtual one (logits scaled into log2 units, bias added, P weighted by the token counts)."""
-        if cutlass.const_expr(self.approx):
-            if is_virtual:
-                for e in cutlass.range_constexpr(cute.size(acc_s)):
-                    acc_s[e] = acc_s[e] * scale_log2 + bias[e]
-                self._online_softmax(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, True, cnt, alpha, rescale_o)
-            else:
-                self._mask_tail(acc_s, tScS, is_tail, rem)
-                self._online_softmax(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, False, None, alpha,
-                                     rescale_o)
-        else:
-            self._mask_tail(acc_s, tScS, is_tail, rem)
-            self._online_softmax(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, False, None, alpha, rescale_o)
-
-    @cute.jit
-    def _mask_tail(self, acc_s, tScS, is_tail, rem):
-        if is_tail:
-            for e in cutlass.range_constexpr(cute.size(acc_s)):
-                if tScS[e][1] >= rem:
-                    acc_s[e] = -cutlass.Float32.inf
-
-    @cute.jit
-    def _to_p(self, acc_s, tOrP):
-        as_acc = cute.make_tensor(tOrP.iterator, acc_s.layout)
-        as_acc.store(acc_s.load().to(tOrP.element_type))
-
-    @cute.jit
-    def _quad_sum(self, x):
-        x = x + cute.arch.shuffle_sync_bfly(x, offset=1)
-        return x + cute.arch.shuffle_sync_bfly(x, offset=2)
-
-    @cute.jit
-    def _quad_max(self, x):
-        x = cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=1))
-        return cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=2))
-
-    @cute.jit
-    def _online_softmax(self, acc_s, acc_o, row_max, row_sum, row_g, scale_log2, virtual: cutlass.Constexpr,
-                        cnt, alpha, rescale_o: cutlass.Constexpr):
-        """acc_s holds raw scores (exact tile) or log2-unit logits (virtual tile); on return it holds
-        P (times the token counts for virtual tiles) and `alpha` the per-row rescale of the old mass. Rescales
-        the running sums now, and the output accumulator now or (rescale_o=False: a P V product still in
-        flight on the tensor cores) later through `_rescale_o`."""
-        n_rows = 2
-        new_max = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
-        for r in cutlass.range_constexpr(n_rows):
-            new_max[r] = row_max[r]
-        if cutlass.const_expr(not virtual):
-            # max of the raw scores, scaled once per row: scale_log2 > 0 and rounding is monotone, so
-            # fl(s * max x) == max fl(s * x) exactly (32 multiplies fewer per tile)
-            raw_max = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
-            for r in cutlass.range_constexpr(n_rows):
-                raw_max[r] = -cutlass.Float32.inf
-            for e in cutlass.range_constexpr(cute.size(acc_s)):
-                r = self._row_slot_e(e)
-                raw_max[r] = cute.arch.fmax(raw_max[r], acc_s[e])
-            for r in cutlass.range_constexpr(n_rows):
-                new_max[r] = cute.arch.fmax(new_max[r], raw_max[r] * scale_log2)
-        else:
-            for e in cutlass.range_constexpr(cute.size(acc_s)):
-                r = self._row_slot_e(e)
-                new_max[r] = cute.arch.fmax(new_max[r], acc_s[e])
-        for r in cutlass.range_constexpr(n_rows):
-            m = self._quad_max(new_max[r])
-            m_use = m
-            if m == -cutlass.Float32.inf:
-                m_use = 0.0
-            alpha[r] = cute.math.exp2(row_max[r] - m_use, fastmath=True)
-            row_max[r] = m
-            new_max[r] = m_use
-        psum = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
-        gsum = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
-        for r in cutlass.range_constexpr(n_rows):
-            psum[r] = 0.0
-            gsum[r] = 0.0
-        for e in cutlass.range_constexpr(cute.size(acc_s)):
-            r = self._row_slot_e(e)
-            if cutlass.const_expr(not virtual):
-                p = cute.math.exp2(acc_s[e] * scale_log2 - new_max[r], fastmath=True)
-                psum[r] = psum[r] + p
-                acc_s[e] = p
-            else:
-                p = cute.math.exp2(acc_s[e] - new_max[r], fastmath=True)
-                gsum[r] = gsum[r] + p
-                pn = p * cnt[e]
-                psum[r] = psum[r] + pn
-                acc_s[e] = pn
-        for r in cutlass.range_constexpr(n_rows):
-            row_sum[r] = row_sum[r] * alpha[r] + psum[r]
-            if cutlass.const_expr(virtual):
-                row_g[r] = row_g[r] * alpha[r] + gsum[r]
-            else:
-                row_g[r] = row_g[r] * alpha[r]
-        if cutlass.const_expr(rescale_o):
-            self._rescale_o(acc_o, alpha)
-
-    @cute.jit
-    def _rescale_o(self, acc_o, alpha):
-        # alpha is exactly 1 when the row max did not move (exp2(0)): skip the multiplies (per thread, per row)
-        for r in cutlass.range_constexpr(2):
-            if alpha[r] != 1.0:
-                for e in cutlass.range_constexpr(cute.size(acc_o)):
-                    if cutlass.const_expr(self._row_slot_e(e) == r):
-                        acc_o[e] = acc_o[e] * alpha[r]
-
-    def _row_slot_e(self, e: int) -> int:
-        # row slot of accumulator element e (S or O): WGMMA fp32 order per thread is (2 cols, 2 row halves,
-        # N/8 col groups)
-        return (e // 2) % 2
 
 # ---------------------------------------------------------------------------------------------- host glue
 _compiled: dict = {}
@@ -560,7 +510,14 @@ def _cute(x: torch.Tensor, align: int = 16):
     return from_dlpack(x.detach(), assumed_align=align).mark_layout_dynamic(leading_dim=x.dim() - 1)
 
 
-def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None):
+def _pair_default(approx: bool) -> bool:
+    env = os.environ.get("PSA_CUTE_PAIR")
+    if env is None:
+        return bool(PAIR["pisa/pwt" if approx else "drop"])
+    return env not in ("0", "", "false", "False")
+
+
+def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None, pair: bool | None = None):
     """Fused forward on [B, HC, T, D] bf16 views (unit last stride, 16-byte aligned strides); same
     arguments and meaning as kernels.triton.fwd.attention."""
     B, HC, T, D = q.shape
@@ -571,7 +528,8 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
     for name, x in (("q", q), ("k", k), ("v", v), ("out", out)):
         if not aligned16(x):
             raise ValueError(f"cute backend: {name} needs 16-byte aligned strides and base (TMA)")
-    stages = kv_stages or int(os.environ.get("PSA_CUTE_STAGES", "4"))
+    pair = _pair_default(approx) if pair is None else bool(pair)
+    stages = kv_stages or int(os.environ.get("PSA_CUTE_STAGES", str(PAIR_STAGES if pair else 4)))
     if approx:
         kb, vm, hb = st.kbar_lp, st.vmean_lp, st.hbar_lp
         vb = vbias
@@ -579,7 +537,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
         kb = vm = q[:, :, :BS]
         hb = q[:, :, :D]
         vb = _bias_placeholder(q.device)
-    key = (approx, stages, str(q.dtype), D)
+    key = (approx, stages, str(q.dtype), D, pair)
     args = [_cute(x) for x in (q, k, v, out, kb, vm, hb)]
     args += [from_dlpack(vb.detach(), assumed_align=2).mark_layout_dynamic(leading_dim=3),
              from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3)]
@@ -591,7 +549,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
             fn = _compiled.get(key)
             if fn is None:
                 t0 = time.perf_counter()
-                fn = cute.compile(PiecewiseSparseFwdSm90(approx, stages, D), *args, *scal, stream)
+                fn = cute.compile(PiecewiseSparseFwdSm90(approx, stages, D, pair), *args, *scal, stream)
                 dt = time.perf_counter() - t0
                 _compile_seconds[str(key)] = dt
                 _compiled[key] = fn
