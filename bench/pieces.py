@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib
-import inspect
 import json
 import math
 import sys
@@ -170,8 +169,6 @@ def pieces(label, pkg, backends, q, k, v, density, bw, out):
             kcf = importlib.import_module(f"{pkg}.cute.fwd")
             timed(d, "attn_cute_drop_ms", lambda: kcf.attention(q, k, v, outb, st, idx, None, cdrop))
             timed(d, "attn_cute_pwt_ms", lambda: kcf.attention(q, k, v, outb, st, idx, vbias, cpwt))
-            if pkg == "kernels" and "pair" in inspect.signature(kcf.attention).parameters:
-                cute_steps(d, kcf, q, k, v, st, idx, vbias, cdrop, cpwt)
         except Exception as e:
             d["attn_cute"] = f"unavailable: {type(e).__name__}: {str(e)[:200]}"
             say("  cute unavailable:", d["attn_cute"])
@@ -200,23 +197,6 @@ def pieces(label, pkg, backends, q, k, v, density, bw, out):
     sync()
     empty()
     say(label, {k2: v2 for k2, v2 in d.items() if not k2.startswith("profile")})
-
-
-def cute_steps(d, kcf, q, k, v, st, idx, vbias, cdrop, cpwt, tag=""):
-    """The CuTe attention with one or two KV blocks per softmax step (pair) at several pipeline depths, and how
-    far the pair's output is from the one-tile kernel's under the same routing (rel L2)."""
-    base = {}
-    for name, cfg, vb in (("drop", cdrop, None), ("pwt", cpwt, vbias)):
-        base[name] = kcf.attention(q, k, v, torch.empty_like(q), st, idx, vb, cfg, kv_stages=4, pair=False)
-    for pair, stages in ((False, 4), (False, 5), (True, 4), (True, 5), (True, 6)):
-        for name, cfg, vb in (("drop", cdrop, None), ("pwt", cpwt, vbias)):
-            key = f"attn_cute{tag}_{name}_pair{int(pair)}_s{stages}"
-            o = torch.empty_like(q)
-            if isinstance(timed(d, key + "_ms", lambda: kcf.attention(q, k, v, o, st, idx, vb, cfg, kv_stages=stages,
-                                                                    pair=pair)), float):
-                d[key + "_rel_vs_single"] = float((o.float() - base[name].float()).norm() / base[name].float().norm())
-            del o
-    del base
 
 
 def sweep(q, k, v, density, out):
@@ -288,7 +268,6 @@ def ditlike(shape, grid, density, backends, out):
             from kernels.cute import fwd as kcf
             timed(d, "attn_cute_drop_ms", lambda: kcf.attention(q, k, v, outb, st, idx, None, cdrop))
             timed(d, "attn_cute_pwt_ms", lambda: kcf.attention(q, k, v, outb, st, idx, vbias, cpwt))
-            cute_steps(d, kcf, q, k, v, st, idx, vbias, cdrop, cpwt)
             from kernels import cute as kc
             timed(d, "full_cute_pwt_ms", lambda: kc.forward(q, k, v, cpwt))
         except Exception as e:

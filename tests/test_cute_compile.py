@@ -13,39 +13,31 @@ if importlib.util.find_spec("cutlass") is None:
 
 
 
-FAMILIES = ["drop", "pisa/pwt", "drop pair", "pisa/pwt pair"]
-# bytes ptxas may spill / keep on the stack (sm_90a, cutlass-dsl 4.8.1): the pair step of pisa/pwt holds two S
-# tiles, two P tiles and the bias next to the output and spills a few loop scalars (56 bytes, 40 of stack
-# at 232 registers for its consumer); everything else none
-MAX_SPILL = {"pisa/pwt pair": 128}
-MAX_STACK = {"pisa/pwt pair": 64}
-
-
 @pytest.fixture(scope="module")
 def res():
     return run_driver("cute_compile_case.py", env=dict(CUTE_DSL_ARCH="sm_90a"))
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ["drop", "pisa/pwt"])
 def test_kernel_compiles_for_sm90(res, family):
     assert res[family]["compiled"]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ["drop", "pisa/pwt"])
 def test_kernel_fits_the_register_budget_without_spills(res, family):
     rec = res[family]
     if "registers" not in rec:
         pytest.skip("ptxas not on PATH: register/spill check skipped")
     assert rec["ptxas_rc"] == 0
     assert rec["registers"] is not None and rec["registers"] <= 128, rec
-    assert rec["spill_bytes"] <= MAX_SPILL.get(family, 0), rec
+    assert rec["spill_bytes"] == 0, rec
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ["drop", "pisa/pwt"])
 def test_kernel_uses_no_local_memory(res, family):
     """Every per-row value is indexed by a compile-time slot: a runtime row index once put the row sums on the
     stack (48-80 bytes of local memory) and ncu measured the kernel 9% faster without it."""
     rec = res[family]
     if "stack_bytes" not in rec:
         pytest.skip("ptxas not on PATH: local-memory check skipped")
-    assert rec["stack_bytes"] <= MAX_STACK.get(family, 0), rec
+    assert rec["stack_bytes"] == 0, rec

@@ -224,35 +224,3 @@ def test_morton_gathered_in_the_statistics_kernel_as_the_node_calls_it(variant):
     sep = kc.scatter_tokens(kc.forward(*(kc.gather_tokens(x, perm, npre) for x in (q, k, v)), cfg), perm, npre)
     assert torch.isfinite(out).all()
     assert rel(out, sep) <= 1e-3
-
-
-@pytest.mark.parametrize("variant", ["pwt", "pisa", "drop"])
-@pytest.mark.parametrize("shape,density", [((1, 2, 1000, 128), 0.2), ((2, 2, 4033, 128), 0.125),
-                                           ((1, 3, 4096, 128), 0.3), ((1, 2, 100, 128), 0.5)],
-                         ids=["T1000_d0.2", "B2_T4033", "H3_T4096_d0.3", "T100_two_blocks"])
-def test_pair_steps_equal_one_tile_steps_under_identical_routing(variant, shape, density):
-    """Two KV blocks per softmax step (kernels.cute.fwd pair=True) against one: the same routing, odd and even
-    list lengths (rows with forced blocks past the budget), a partial last block in either half of a pair,
-    an odd number of virtual tiles; and against the float64 reference."""
-    from kernels.cute import fwd as CF
-    from kernels.triton import stats as kts
-    q, k, v = (rnd(shape, seed=60 + s) for s in range(3))
-    cfg = cfg_of(128, density, variant)
-    st = kts.block_stats(q, k, v, cfg)
-    idx, vbias = kts.route(st, cfg, q.dtype)
-    vb = None if variant == "drop" else vbias
-    one = CF.attention(q, k, v, torch.empty_like(q), st, idx, vb, cfg, kv_stages=4, pair=False)
-    if shape[2] > 128:
-        assert bool(((idx >= 0).sum(-1) % 2 == 1).any()), "the case should have odd list lengths"
-    for stages in (4, 5, 6):
-        two = CF.attention(q, k, v, torch.empty_like(q), st, idx, vb, cfg, kv_stages=stages, pair=True)
-        assert torch.isfinite(two).all()
-        assert rel(two, one) <= 2e-3, f"pair (stages {stages}) vs one tile per step: {rel(two, one):.2e}"
-
-
-@pytest.mark.parametrize("pair", ["0", "1"])
-@pytest.mark.parametrize("variant", ["pwt", "drop"])
-def test_both_step_shapes_match_the_reference(variant, pair, monkeypatch):
-    monkeypatch.setenv("PSA_CUTE_PAIR", pair)
-    q, k, v = (rnd((2, 2, 4033, 128), seed=70 + s) for s in range(3))
-    check_against_reference(q, k, v, cfg_of(128, 0.125, variant))

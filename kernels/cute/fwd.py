@@ -21,8 +21,9 @@ block), 2 warpgroups:
     O += P V on WGMMA with P from registers (m64n128k16). The exact loop is software-pipelined as in
     FlashAttention-3: S_n = Q K_n^T is issued together with P_{n-1} V_{n-1}, so the tensor cores run
     both back to back (what overlaps the softmax: below). Virtual tiles add the bias row (-inf for an exact
-    block, the gated PWT bonus otherwise), weight P by the real token counts n_j, and load their bias
-    before the GEMM so the loads overlap it.
+    block, the gated PWT bonus otherwise) with log2 of the real token count n_j folded in, so exp2 yields
+    n_j e(s-hat) with no multiply; bias and 1 / n_j are held per column (16 per thread, loaded before the
+    GEMM so the loads overlap it), not per accumulator element.
 Two CTAs share an SM (launch bound 2 x 256 threads, ~81 KiB shared memory each), so one CTA's softmax
 overlaps the other's tensor-core work. Every rescale of the running max multiplies all accumulated mass
 (numerator, denominator and the first-order weight), as docs/MATH.md requires.
@@ -71,29 +72,20 @@ log = logging.getLogger("piecewise_sparse_attention")
 IMPORT_ERROR = None  # this module only imports when nvidia-cutlass-dsl does (kernels/cute/__init__.py)
 
 D_SUPPORTED = 128
-# two KV blocks per softmax step (PSA_CUTE_PAIR overrides); a pair holds four 16 KiB tiles at once, so it
-# needs more stages for the same look-ahead (PSA_CUTE_STAGES overrides). Chosen on the H200: bench/pieces.py
-PAIR = {"drop": False, "pisa/pwt": False}
-PAIR_STAGES = 6
 
 
 class PiecewiseSparseFwdSm90(TileOps):
     """Compile-time configuration: variant family (exact only, or exact + virtual tokens) and stages."""
 
-    def __init__(self, approx: bool, kv_stages: int = 4, head_dim: int = 128, pair: bool = False):
+    def __init__(self, approx: bool, kv_stages: int = 4, head_dim: int = 128):
         self.approx = approx
-        self.pair = pair  # two KV blocks per softmax step (tile_ops docstring)
         self.kv_stages = kv_stages
-        if pair and kv_stages < 4:
-            raise ValueError("pair=True holds four tiles at once: kv_stages >= 4")
         self.d = head_dim
         self.qk_tiler = (BS, BS, head_dim)  # (M, N, K) of S = Q K^T
         self.pv_tiler = (BS, head_dim, BS)  # (M, N, K) of O = P V
         self.threads = 256
-        # setmaxnreg budgets (2 CTAs x 256 threads share 64K registers): a pair's pisa/pwt step holds two
-        # S tiles, two P tiles and the bias columns next to the output (232 avoids ptxas spills there)
-        self.regs_producer = 24 if (pair and approx) else 40
-        self.regs_consumer = 232 if (pair and approx) else 216
+        self.regs_producer = 40
+        self.regs_consumer = 216
 
     # ------------------------------------------------------------------ host side (traced once)
     @cute.jit
@@ -212,56 +204,25 @@ class PiecewiseSparseFwdSm90(TileOps):
                 tVs, tVg = self._tma_part(tma_v, sV, gVt, self.d, BS)
                 h = q_prod.acquire_and_advance()
                 cute.copy(tma_q, tQg[(None, i_q, 0, hb)], tQs[(None, h.index)], tma_bar_ptr=h.barrier)
-                if cutlass.const_expr(self.pair):
-                    # pairs in the order K_a K_b V_a V_b; an odd last block pairs with block n_kv, past the end
-                    # of the tensor (TMA fills zeros; the consumer masks its scores)
-                    for kk in cutlass.range(0, n_sel, 2, unroll=1):
-                        ja = mIdx[i_b, i_h, i_q, kk]
-                        if ja >= 0:
-                            jb = n_kv
-                            if kk + 1 < n_sel:
-                                jn = mIdx[i_b, i_h, i_q, kk + 1]
-                                if jn >= 0:
-                                    jb = jn
-                            h = kv_prod.acquire_and_advance()
-                            cute.copy(tma_k, tKg[(None, ja, 0, hb)], tKs[(None, h.index)], tma_bar_ptr=h.barrier)
-                            h = kv_prod.acquire_and_advance()
-                            cute.copy(tma_k, tKg[(None, jb, 0, hb)], tKs[(None, h.index)], tma_bar_ptr=h.barrier)
-                            h = kv_prod.acquire_and_advance()
-                            cute.copy(tma_v, tVg[(None, 0, ja, hb)], tVs[(None, h.index)], tma_bar_ptr=h.barrier)
-                            h = kv_prod.acquire_and_advance()
-                            cute.copy(tma_v, tVg[(None, 0, jb, hb)], tVs[(None, h.index)], tma_bar_ptr=h.barrier)
-                else:
-                    for kk in cutlass.range(n_sel, unroll=1):
-                        j = mIdx[i_b, i_h, i_q, kk]
-                        if j >= 0:
-                            h = kv_prod.acquire_and_advance()
-                            cute.copy(tma_k, tKg[(None, j, 0, hb)], tKs[(None, h.index)], tma_bar_ptr=h.barrier)
-                            h = kv_prod.acquire_and_advance()
-                            cute.copy(tma_v, tVg[(None, 0, j, hb)], tVs[(None, h.index)], tma_bar_ptr=h.barrier)
+                for kk in cutlass.range(n_sel, unroll=1):
+                    j = mIdx[i_b, i_h, i_q, kk]
+                    if j >= 0:
+                        h = kv_prod.acquire_and_advance()
+                        cute.copy(tma_k, tKg[(None, j, 0, hb)], tKs[(None, h.index)], tma_bar_ptr=h.barrier)
+                        h = kv_prod.acquire_and_advance()
+                        cute.copy(tma_v, tVg[(None, 0, j, hb)], tVs[(None, h.index)], tma_bar_ptr=h.barrier)
                 if cutlass.const_expr(self.approx):
                     if n_vt > 0:
                         tKbs, tKbg = self._tma_part(tma_kb, sK, gKbt, BS, self.d)
                         tVms, tVmg = self._tma_part(tma_vm, sV, gVmt, self.d, BS)
                         tHs, tHg = self._tma_part(tma_h, sV, gHt, self.d, BS)
-                        if cutlass.const_expr(self.pair):
-                            for t in cutlass.range(0, n_vt, 2, unroll=1):  # t + 1 = n_vt reads zeros
-                                for u in cutlass.range_constexpr(2):
-                                    h = kv_prod.acquire_and_advance()
-                                    cute.copy(tma_kb, tKbg[(None, t + u, 0, hb)], tKbs[(None, h.index)],
-                                              tma_bar_ptr=h.barrier)
-                                for u in cutlass.range_constexpr(2):
-                                    h = kv_prod.acquire_and_advance()
-                                    cute.copy(tma_vm, tVmg[(None, 0, t + u, hb)], tVms[(None, h.index)],
-                                              tma_bar_ptr=h.barrier)
-                        else:
-                            for t in cutlass.range(n_vt, unroll=1):
-                                h = kv_prod.acquire_and_advance()
-                                cute.copy(tma_kb, tKbg[(None, t, 0, hb)], tKbs[(None, h.index)],
-                                          tma_bar_ptr=h.barrier)
-                                h = kv_prod.acquire_and_advance()
-                                cute.copy(tma_vm, tVmg[(None, 0, t, hb)], tVms[(None, h.index)],
-                                          tma_bar_ptr=h.barrier)
+                        for t in cutlass.range(n_vt, unroll=1):
+                            h = kv_prod.acquire_and_advance()
+                            cute.copy(tma_kb, tKbg[(None, t, 0, hb)], tKbs[(None, h.index)],
+                                      tma_bar_ptr=h.barrier)
+                            h = kv_prod.acquire_and_advance()
+                            cute.copy(tma_vm, tVmg[(None, 0, t, hb)], tVms[(None, h.index)],
+                                      tma_bar_ptr=h.barrier)
                         for t in cutlass.range_constexpr(self.d // BS):
                             h = kv_prod.acquire_and_advance()
                             cute.copy(tma_h, tHg[(None, 0, t, hb)], tHs[(None, h.index)], tma_bar_ptr=h.barrier)
@@ -321,103 +282,47 @@ class PiecewiseSparseFwdSm90(TileOps):
             # (FlashAttention-3 style, within the warpgroup); a virtual tile's bias row and token counts are
             # loaded before its S GEMM is waited for.
             n_last = cutlass.Float32(rem)
-            if cutlass.const_expr(self.pair):
-                # the same pipeline over pairs of tiles: exact pairs g (list positions 2g, 2g + 1), then
-                # (pisa/pwt) virtual pairs; the producer's order is K_a K_b V_a V_b per pair
-                acc_s1 = cute.make_rmem_tensor(s_shape, cutlass.Float32)
-                tOrP1 = cute.make_rmem_tensor(pv_thr.partition_shape_A(self.pv_tiler[::2]), mO.element_type)
-                bias0 = cute.make_rmem_tensor(cute.make_layout(cute.size(acc_s) // 2), mVB.element_type)
-                bias1 = cute.make_rmem_tensor(cute.make_layout(cute.size(acc_s) // 2), mVB.element_type)
-                n_ge = (n_valid + 1) // 2
-                n_g = n_ge
+            n_tiles = n_valid
+            # a virtual tile's per-column bias (log2 token count folded in) and 1 / token count (tile_ops)
+            n_cols = cute.size(acc_s) // n_rows
+            bias = cute.make_rmem_tensor(cute.make_layout(n_cols), cutlass.Float32)
+            ginv = cute.make_rmem_tensor(cute.make_layout(n_cols), cutlass.Float32)
+            log2_last = cute.math.log2(n_last, fastmath=False)
+            inv_last = cutlass.Float32(1.0) / n_last
+            if cutlass.const_expr(self.approx):
+                n_tiles = n_valid + n_vt
+            if n_tiles > 0:
                 if cutlass.const_expr(self.approx):
-                    n_g = n_ge + (n_vt + 1) // 2
-                if n_g > 0:
+                    if n_valid == 0:
+                        self._load_bias(bias, ginv, mVB, tScS, i_b, i_h, i_q, 0, n_kv, log2_last, inv_last)
+                kh0 = kv_cons.wait_and_advance()
+                self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, kh0.index)])
+                warpgroup.wait_group(0)
+                kh0.release()
+                self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, ginv, tScS,
+                                   n_valid == 0, kk_tail == 0, rem, True)
+                self._to_p(acc_s, tOrP)
+                for u in cutlass.range(1, n_tiles, unroll=1):
                     if cutlass.const_expr(self.approx):
-                        if n_ge == 0:
-                            self._load_bias_cols(bias0, mVB, tScS, i_b, i_h, i_q, 0, n_kv)
-                            self._load_bias_cols(bias1, mVB, tScS, i_b, i_h, i_q, 1, n_kv)
-                    ka = kv_cons.wait_and_advance()
-                    kb = kv_cons.wait_and_advance()
-                    self._issue_ss2(qk_mma, acc_s, acc_s1, sQi, tSrK[(None, None, None, ka.index)],
-                                    tSrK[(None, None, None, kb.index)])
+                        if u >= n_valid:
+                            self._load_bias(bias, ginv, mVB, tScS, i_b, i_h, i_q, u - n_valid, n_kv, log2_last,
+                                            inv_last)
+                    vh = kv_cons.wait_and_advance()  # V_{u-1} (or the value means of a virtual tile)
+                    kh = kv_cons.wait_and_advance()  # K_u (or the k-bar tile)
+                    self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, kh.index)])
+                    self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, vh.index)])
+                    warpgroup.wait_group(1)  # S_u ready; P_{u-1} V_{u-1} may still run
+                    kh.release()
+                    self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, ginv, tScS,
+                                       u >= n_valid, kk_tail == u, rem, False)
                     warpgroup.wait_group(0)
-                    ka.release()
-                    kb.release()
-                    self._softmax_pair(acc_s, acc_s1, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias0,
-                                       bias1, tScS, n_ge == 0, 0, n_valid, kk_tail, rem, 0, n_kv, n_last, True)
+                    vh.release()
+                    self._rescale_o(acc_o, alpha)
                     self._to_p(acc_s, tOrP)
-                    self._to_p(acc_s1, tOrP1)
-                    for g in cutlass.range(1, n_g, unroll=1):
-                        t0 = 2 * (g - n_ge)
-                        if cutlass.const_expr(self.approx):
-                            if g >= n_ge:
-                                self._load_bias_cols(bias0, mVB, tScS, i_b, i_h, i_q, t0, n_kv)
-                                self._load_bias_cols(bias1, mVB, tScS, i_b, i_h, i_q, t0 + 1, n_kv)
-                        va = kv_cons.wait_and_advance()  # the previous pair's V tiles
-                        vb = kv_cons.wait_and_advance()
-                        ka = kv_cons.wait_and_advance()  # this pair's K tiles
-                        kb = kv_cons.wait_and_advance()
-                        self._issue_ss2(qk_mma, acc_s, acc_s1, sQi, tSrK[(None, None, None, ka.index)],
-                                        tSrK[(None, None, None, kb.index)])
-                        self._issue_rs2(pv_mma, acc_o, tOrP, tOrP1, tOrV[(None, None, None, va.index)],
-                                        tOrV[(None, None, None, vb.index)])
-                        warpgroup.wait_group(1)
-                        ka.release()
-                        kb.release()
-                        self._softmax_pair(acc_s, acc_s1, acc_o, row_max, row_sum, row_g, scale_log2, alpha,
-                                           bias0, bias1, tScS, g >= n_ge, g, n_valid, kk_tail, rem, t0, n_kv,
-                                           n_last, False)
-                        warpgroup.wait_group(0)
-                        va.release()
-                        vb.release()
-                        self._rescale_o(acc_o, alpha)
-                        self._to_p(acc_s, tOrP)
-                        self._to_p(acc_s1, tOrP1)
-                    va = kv_cons.wait_and_advance()
-                    vb = kv_cons.wait_and_advance()
-                    self._issue_rs2(pv_mma, acc_o, tOrP, tOrP1, tOrV[(None, None, None, va.index)],
-                                    tOrV[(None, None, None, vb.index)])
-                    warpgroup.wait_group(0)
-                    va.release()
-                    vb.release()
-            else:
-                n_tiles = n_valid
-                cnt = cute.make_rmem_tensor(s_shape, cutlass.Float32)
-                bias = cute.make_rmem_tensor(s_shape, cutlass.Float32)
-                if cutlass.const_expr(self.approx):
-                    n_tiles = n_valid + n_vt
-                if n_tiles > 0:
-                    if cutlass.const_expr(self.approx):
-                        if n_valid == 0:
-                            self._load_bias(bias, cnt, mVB, tScS, i_b, i_h, i_q, 0, n_kv, n_last)
-                    kh0 = kv_cons.wait_and_advance()
-                    self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, kh0.index)])
-                    warpgroup.wait_group(0)
-                    kh0.release()
-                    self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
-                                       n_valid == 0, kk_tail == 0, rem, True)
-                    self._to_p(acc_s, tOrP)
-                    for u in cutlass.range(1, n_tiles, unroll=1):
-                        if cutlass.const_expr(self.approx):
-                            if u >= n_valid:
-                                self._load_bias(bias, cnt, mVB, tScS, i_b, i_h, i_q, u - n_valid, n_kv, n_last)
-                        vh = kv_cons.wait_and_advance()  # V_{u-1} (or the value means of a virtual tile)
-                        kh = kv_cons.wait_and_advance()  # K_u (or the k-bar tile)
-                        self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, kh.index)])
-                        self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, vh.index)])
-                        warpgroup.wait_group(1)  # S_u ready; P_{u-1} V_{u-1} may still run
-                        kh.release()
-                        self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
-                                           u >= n_valid, kk_tail == u, rem, False)
-                        warpgroup.wait_group(0)
-                        vh.release()
-                        self._rescale_o(acc_o, alpha)
-                        self._to_p(acc_s, tOrP)
-                    vhl = kv_cons.wait_and_advance()
-                    self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, vhl.index)])
-                    warpgroup.wait_group(0)
-                    vhl.release()
+                vhl = kv_cons.wait_and_advance()
+                self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, vhl.index)])
+                warpgroup.wait_group(0)
+                vhl.release()
             if cutlass.const_expr(self.approx):
                 if n_vt > 0:
                     # first-order term: acc += s (q H-bar) * g, g = sum_U e(s-hat) (per row, all threads)
@@ -510,14 +415,7 @@ def _cute(x: torch.Tensor, align: int = 16):
     return from_dlpack(x.detach(), assumed_align=align).mark_layout_dynamic(leading_dim=x.dim() - 1)
 
 
-def _pair_default(approx: bool) -> bool:
-    env = os.environ.get("PSA_CUTE_PAIR")
-    if env is None:
-        return bool(PAIR["pisa/pwt" if approx else "drop"])
-    return env not in ("0", "", "false", "False")
-
-
-def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None, pair: bool | None = None):
+def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None):
     """Fused forward on [B, HC, T, D] bf16 views (unit last stride, 16-byte aligned strides); same
     arguments and meaning as kernels.triton.fwd.attention."""
     B, HC, T, D = q.shape
@@ -528,8 +426,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
     for name, x in (("q", q), ("k", k), ("v", v), ("out", out)):
         if not aligned16(x):
             raise ValueError(f"cute backend: {name} needs 16-byte aligned strides and base (TMA)")
-    pair = _pair_default(approx) if pair is None else bool(pair)
-    stages = kv_stages or int(os.environ.get("PSA_CUTE_STAGES", str(PAIR_STAGES if pair else 4)))
+    stages = kv_stages or int(os.environ.get("PSA_CUTE_STAGES", "4"))
     if approx:
         kb, vm, hb = st.kbar_lp, st.vmean_lp, st.hbar_lp
         vb = vbias
@@ -537,7 +434,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
         kb = vm = q[:, :, :BS]
         hb = q[:, :, :D]
         vb = _bias_placeholder(q.device)
-    key = (approx, stages, str(q.dtype), D, pair)
+    key = (approx, stages, str(q.dtype), D)
     args = [_cute(x) for x in (q, k, v, out, kb, vm, hb)]
     args += [from_dlpack(vb.detach(), assumed_align=2).mark_layout_dynamic(leading_dim=3),
              from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3)]
@@ -549,7 +446,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
             fn = _compiled.get(key)
             if fn is None:
                 t0 = time.perf_counter()
-                fn = cute.compile(PiecewiseSparseFwdSm90(approx, stages, D, pair), *args, *scal, stream)
+                fn = cute.compile(PiecewiseSparseFwdSm90(approx, stages, D), *args, *scal, stream)
                 dt = time.perf_counter() - t0
                 _compile_seconds[str(key)] = dt
                 _compiled[key] = fn

@@ -1,11 +1,14 @@
 """Per-tile pieces of the CuTe attention kernel (kernels/cute/fwd.py): GEMM issue, the online softmax, masks,
 bias rows. A mixin so fwd.py holds the pipeline (producer, consumer loops) and these stay in one place.
 
-Two tile shapes share them: one 64-column tile per softmax step (the kernel's default loop) or a pair of
-64-column tiles (two KV blocks) per step (`pair=True`): one row max, one rescale of the output and one set of
-quad shuffles per 128 columns instead of per 64. Element order of a WGMMA fp32 accumulator per thread is
-(2 columns, 2 row halves, N/8 column groups), so element e sits in row slot (e // 2) % 2 and column slot
-(e % 2) + 2 (e // 4).
+Element order of a WGMMA fp32 accumulator per thread is (2 columns, 2 row halves, N/8 column groups), so
+element e sits in row slot (e // 2) % 2 and column slot (e % 2) + 2 (e // 4): per-column values (a virtual
+tile's bias) are held once per column, not once per element.
+
+Measured and dropped (H200, 2026-12-01, bench/results/pieces_h200.md "Session 4"): two KV blocks per softmax
+step (one row max, one output rescale and one quad reduction per 128 columns instead of 64; commit 3d8049e)
+was no faster at any pipeline depth (drop 5.60-6.13 vs 5.20-5.89 ms at Wan2.1-14B 480p): the exact loop waits
+for its K/V tiles from L2, not on the softmax.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 BS = 64  # query rows per CTA = tokens per routing block
 LOG2E = 1.4426950408889634
+LOG2_BS = 6.0  # log2(BS): the token count of every full block
 
 
 class TileOps:
@@ -42,31 +46,35 @@ class TileOps:
         warpgroup.commit_group()
 
     @cute.jit
-    def _load_bias(self, bias, cnt, mVB, tScS, i_b, i_h, i_q, t, n_kv, n_last):
-        """Bias row (log2 units; -inf for an exact block or past the end) and real token counts of virtual
-        tile t (KV blocks t*64 .. t*64+63), per accumulator element of S."""
-        for e in cutlass.range_constexpr(cute.size(bias)):
-            jj = t * BS + tScS[e][1]
+    def _load_bias(self, bias, ginv, mVB, tScS, i_b, i_h, i_q, t, n_kv, log2_last, inv_last):
+        """Per column slot of virtual tile t (KV blocks t*64 .. t*64+63): the bias in log2 units with the log2 of
+        the block's real token count folded in (so exp2 gives n_j e(s-hat) directly; -inf for an exact block
+        or past the end), and 1 / n_j, which turns that back into e(s-hat) for the first-order weight. The
+        bias is per (query block, KV block): the two rows a thread holds share it, 16 values per tile."""
+        for c in cutlass.range_constexpr(cute.size(bias)):
+            jj = t * BS + tScS[(c % 2) + 4 * (c // 2)][1]
             b = -cutlass.Float32.inf
-            c = cutlass.Float32(BS)
+            gi = cutlass.Float32(1.0 / BS)
             if jj < n_kv:
-                b = mVB[i_b, i_h, i_q, jj].to(cutlass.Float32) * LOG2E
+                lc = cutlass.Float32(LOG2_BS)
                 if jj == n_kv - 1:
-                    c = n_last
-            bias[e] = b
-            cnt[e] = c
+                    lc = log2_last
+                    gi = inv_last
+                b = mVB[i_b, i_h, i_q, jj].to(cutlass.Float32) * LOG2E + lc
+            bias[c] = b
+            ginv[c] = gi
 
     @cute.jit
-    def _softmax_tile(self, acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, is_virtual,
+    def _softmax_tile(self, acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, ginv, tScS, is_virtual,
                       is_tail, rem, rescale_o: cutlass.Constexpr):
         """The online softmax of one tile: an exact tile (partial last block masked) or, for pisa/pwt, a
-        virtual one (logits scaled into log2 units, bias added, P weighted by the token counts)."""
+        virtual one (logits scaled into log2 units, bias and log2 token counts added per column)."""
         if cutlass.const_expr(self.approx):
             if is_virtual:
                 for e in cutlass.range_constexpr(cute.size(acc_s)):
-                    acc_s[e] = acc_s[e] * scale_log2 + bias[e]
+                    acc_s[e] = acc_s[e] * scale_log2 + bias[self._col_slot_e(e)]
                 self._online_softmax([acc_s], acc_o, row_max, row_sum, row_g, scale_log2, True,
-                                     lambda h, e: cnt[e], alpha, rescale_o)
+                                     lambda h, e: ginv[self._col_slot_e(e)], alpha, rescale_o)
             else:
                 self._mask_tail(acc_s, tScS, is_tail, rem)
                 self._online_softmax([acc_s], acc_o, row_max, row_sum, row_g, scale_log2, False, None, alpha,
@@ -74,6 +82,9 @@ class TileOps:
         else:
             self._mask_tail(acc_s, tScS, is_tail, rem)
             self._online_softmax([acc_s], acc_o, row_max, row_sum, row_g, scale_log2, False, None, alpha, rescale_o)
+
+    def _col_slot_e(self, e: int) -> int:
+        return (e % 2) + 2 * (e // 4)
 
     @cute.jit
     def _mask_tail(self, acc_s, tScS, is_tail, rem):
@@ -99,10 +110,11 @@ class TileOps:
 
     @cute.jit
     def _online_softmax(self, accs, acc_o, row_max, row_sum, row_g, scale_log2, virtual: cutlass.Constexpr,
-                        cnt_of, alpha, rescale_o: cutlass.Constexpr):
+                        ginv_of, alpha, rescale_o: cutlass.Constexpr):
         """`accs` (a list of one or two S tiles of one step) hold raw scores (exact tiles) or log2-unit logits
-        (virtual tiles); on return they hold P (times the token counts for virtual tiles: cnt_of(h, e) of
-        element e of tile h) and `alpha` the per-row rescale of the old mass. Rescales the running sums now,
+        (virtual tiles, their log2 token counts included); on return they hold P and `alpha` the per-row
+        rescale of the old mass (for virtual tiles P = n_j e(s-hat); ginv_of(h, e) = 1 / n_j of element e of
+        tile h gives the first-order weight's e(s-hat)). Rescales the running sums now,
         and the output accumulator now or (rescale_o=False: a P V product still in flight on the tensor
         cores) later through `_rescale_o`."""
         n_rows = 2
@@ -147,11 +159,11 @@ class TileOps:
                     psum[r] = psum[r] + p
                     acc_s[e] = p
                 else:
+                    # p = n_j e(s-hat) (the count is in the bias); the first-order weight sums e(s-hat)
                     p = cute.math.exp2(acc_s[e] - new_max[r], fastmath=True)
-                    gsum[r] = gsum[r] + p
-                    pn = p * cnt_of(h, e)
-                    psum[r] = psum[r] + pn
-                    acc_s[e] = pn
+                    psum[r] = psum[r] + p
+                    gsum[r] = gsum[r] + p * ginv_of(h, e)
+                    acc_s[e] = p
         for r in cutlass.range_constexpr(n_rows):
             row_sum[r] = row_sum[r] * alpha[r] + psum[r]
             if cutlass.const_expr(virtual):
@@ -160,83 +172,6 @@ class TileOps:
                 row_g[r] = row_g[r] * alpha[r]
         if cutlass.const_expr(rescale_o):
             self._rescale_o(acc_o, alpha)
-
-    # ------------------------------------------------------------------ pairs of tiles (pair=True)
-    @cute.jit
-    def _issue_ss2(self, mma, acc0, acc1, a, b0, b1):
-        """S of both tiles of a pair, one commit group."""
-        acc0.fill(0.0)
-        acc1.fill(0.0)
-        warpgroup.fence()
-        for kb in cutlass.range_constexpr(cute.size(a, mode=[2])):
-            cute.gemm(mma, acc0, a[(None, None, kb)], b0[(None, None, kb)], acc0)
-        for kb in cutlass.range_constexpr(cute.size(a, mode=[2])):
-            cute.gemm(mma, acc1, a[(None, None, kb)], b1[(None, None, kb)], acc1)
-        warpgroup.commit_group()
-
-    @cute.jit
-    def _issue_rs2(self, mma, acc, a0, a1, b0, b1):
-        """O += P0 V0 + P1 V1 (one K = 128 product over the pair), one commit group."""
-        warpgroup.fence()
-        for kb in cutlass.range_constexpr(cute.size(a0, mode=[2])):
-            cute.gemm(mma, acc, a0[(None, None, kb)], b0[(None, None, kb)], acc)
-        for kb in cutlass.range_constexpr(cute.size(a1, mode=[2])):
-            cute.gemm(mma, acc, a1[(None, None, kb)], b1[(None, None, kb)], acc)
-        warpgroup.commit_group()
-
-    def _col_slot_e(self, e: int) -> int:
-        return (e % 2) + 2 * (e // 4)
-
-    @cute.jit
-    def _load_bias_cols(self, bias_c, mVB, tScS, i_b, i_h, i_q, t, n_kv):
-        """Bias of virtual tile t per column slot, as stored (float16; -inf past the last KV block): the bias
-        is per (query block, KV block), so the two rows a thread holds share it (16 values per tile, not 32),
-        and two of them fit a register (the pair's pisa/pwt step is register-bound)."""
-        for c in cutlass.range_constexpr(cute.size(bias_c)):
-            jj = t * BS + tScS[(c % 2) + 4 * (c // 2)][1]
-            bias_c[c] = cutlass.Float16(-cutlass.Float32.inf)
-            if jj < n_kv:
-                bias_c[c] = mVB[i_b, i_h, i_q, jj]
-
-    @cute.jit
-    def _count(self, jj, n_kv, n_last):
-        c = cutlass.Float32(BS)
-        if jj == n_kv - 1:
-            c = n_last
-        return c
-
-    @cute.jit
-    def _softmax_pair(self, acc0, acc1, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias0, bias1, tScS,
-                      is_virtual, g, n_valid, kk_tail, rem, t0, n_kv, n_last, rescale_o: cutlass.Constexpr):
-        """One online-softmax step over a pair of tiles: exact pair g (list positions 2g, 2g + 1; the second
-        one is padding when 2g + 1 = n_valid, its K and V tiles read as zeros past the end of the tensor) or,
-        for pisa/pwt, virtual tiles t0, t0 + 1 (columns past the last KV block have bias -inf)."""
-        if cutlass.const_expr(self.approx):
-            if is_virtual:
-                for e in cutlass.range_constexpr(cute.size(acc0)):
-                    # the same arithmetic as the one-tile step: fma(s, scale, float32(bias) * log2 e)
-                    acc0[e] = acc0[e] * scale_log2 + bias0[self._col_slot_e(e)].to(cutlass.Float32) * LOG2E
-                    acc1[e] = acc1[e] * scale_log2 + bias1[self._col_slot_e(e)].to(cutlass.Float32) * LOG2E
-                self._online_softmax(
-                    [acc0, acc1], acc_o, row_max, row_sum, row_g, scale_log2, True,
-                    lambda h, e: self._count((t0 + h) * BS + tScS[e][1], n_kv, n_last), alpha, rescale_o)
-            else:
-                self._mask_pair(acc0, acc1, tScS, g, n_valid, kk_tail, rem)
-                self._online_softmax([acc0, acc1], acc_o, row_max, row_sum, row_g, scale_log2, False, None, alpha,
-                                     rescale_o)
-        else:
-            self._mask_pair(acc0, acc1, tScS, g, n_valid, kk_tail, rem)
-            self._online_softmax([acc0, acc1], acc_o, row_max, row_sum, row_g, scale_log2, False, None, alpha,
-                                 rescale_o)
-
-    @cute.jit
-    def _mask_pair(self, acc0, acc1, tScS, g, n_valid, kk_tail, rem):
-        self._mask_tail(acc0, tScS, kk_tail == 2 * g, rem)
-        if 2 * g + 1 >= n_valid:
-            for e in cutlass.range_constexpr(cute.size(acc1)):
-                acc1[e] = -cutlass.Float32.inf
-        else:
-            self._mask_tail(acc1, tScS, kk_tail == 2 * g + 1, rem)
 
     @cute.jit
     def _rescale_o(self, acc_o, alpha):
