@@ -72,13 +72,17 @@ log = logging.getLogger("piecewise_sparse_attention")
 IMPORT_ERROR = None  # this module only imports when nvidia-cutlass-dsl does (kernels/cute/__init__.py)
 
 D_SUPPORTED = 128
+# S = Q K^T with the query tile in registers (PSA_CUTE_QRS=1/0 overrides): every S GEMM then reads only K from
+# shared memory, which the TMA writes and both GEMMs' B operands also use. Chosen on the H200 (pieces_h200.md)
+Q_RS = False
 
 
 class PiecewiseSparseFwdSm90(TileOps):
     """Compile-time configuration: variant family (exact only, or exact + virtual tokens) and stages."""
 
-    def __init__(self, approx: bool, kv_stages: int = 4, head_dim: int = 128):
+    def __init__(self, approx: bool, kv_stages: int = 4, head_dim: int = 128, q_rs: bool = False):
         self.approx = approx
+        self.q_rs = q_rs  # S = Q K^T with Q from registers (read from shared memory once per CTA)
         self.kv_stages = kv_stages
         self.d = head_dim
         self.qk_tiler = (BS, BS, head_dim)  # (M, N, K) of S = Q K^T
@@ -113,7 +117,8 @@ class PiecewiseSparseFwdSm90(TileOps):
         v_layout = utils.LayoutEnum.from_tensor(mV)
         qk_mma = sm90_utils.make_trivial_tiled_mma(
             dt, dt, q_layout.sm90_mma_major_mode(), k_layout.sm90_mma_major_mode(), cutlass.Float32,
-            (1, 1, 1), self.qk_tiler[:2])
+            (1, 1, 1), self.qk_tiler[:2],
+            *((warpgroup.OperandSource.RMEM,) if self.q_rs else ()))
         pv_mma = sm90_utils.make_trivial_tiled_mma(
             dt, dt, warpgroup.OperandMajorMode.K, v_layout.sm90_mma_major_mode(), cutlass.Float32,
             (1, 1, 1), self.pv_tiler[:2], warpgroup.OperandSource.RMEM)
@@ -236,7 +241,8 @@ class PiecewiseSparseFwdSm90(TileOps):
             qh_mma.set(warpgroup.Field.ACCUMULATE, True)
             qk_thr = qk_mma.get_slice(ctid)
             pv_thr = pv_mma.get_slice(ctid)
-            tSrQ = qk_thr.make_fragment_A(qk_thr.partition_A(sQ))
+            tSsQ = qk_thr.partition_A(sQ)
+            tSrQ = qk_thr.make_fragment_A(tSsQ)
             tSrK = qk_thr.make_fragment_B(qk_thr.partition_B(sK))
             tOrV = pv_thr.make_fragment_B(pv_thr.partition_B(sV))
             acc_o = pv_thr.make_fragment_C(pv_thr.partition_shape_C(self.pv_tiler[:2]))
@@ -255,7 +261,12 @@ class PiecewiseSparseFwdSm90(TileOps):
                 row_g[r] = 0.0
 
             qh = q_cons.wait_and_advance()
-            sQi = tSrQ[(None, None, None, qh.index)]
+            if cutlass.const_expr(self.q_rs):
+                # the query tile into registers once: every S GEMM then reads only K from shared memory
+                sQi = cute.make_rmem_tensor(tSsQ[(None, None, None, 0)].shape, mO.element_type)
+                cute.autovec_copy(tSsQ[(None, None, None, qh.index)], sQi)
+            else:
+                sQi = tSrQ[(None, None, None, qh.index)]
             rem = T - (n_kv - 1) * BS  # real tokens in the last block
             alpha = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
             acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
@@ -415,7 +426,12 @@ def _cute(x: torch.Tensor, align: int = 16):
     return from_dlpack(x.detach(), assumed_align=align).mark_layout_dynamic(leading_dim=x.dim() - 1)
 
 
-def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None):
+def _q_rs() -> bool:
+    env = os.environ.get("PSA_CUTE_QRS")
+    return Q_RS if env is None else env.strip() not in ("0", "", "false", "False")
+
+
+def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None, q_rs: bool | None = None):
     """Fused forward on [B, HC, T, D] bf16 views (unit last stride, 16-byte aligned strides); same
     arguments and meaning as kernels.triton.fwd.attention."""
     B, HC, T, D = q.shape
@@ -427,6 +443,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
         if not aligned16(x):
             raise ValueError(f"cute backend: {name} needs 16-byte aligned strides and base (TMA)")
     stages = kv_stages or int(os.environ.get("PSA_CUTE_STAGES", "4"))
+    q_rs = _q_rs() if q_rs is None else bool(q_rs)
     if approx:
         kb, vm, hb = st.kbar_lp, st.vmean_lp, st.hbar_lp
         vb = vbias
@@ -434,7 +451,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
         kb = vm = q[:, :, :BS]
         hb = q[:, :, :D]
         vb = _bias_placeholder(q.device)
-    key = (approx, stages, str(q.dtype), D)
+    key = (approx, stages, str(q.dtype), D, q_rs)
     args = [_cute(x) for x in (q, k, v, out, kb, vm, hb)]
     args += [from_dlpack(vb.detach(), assumed_align=2).mark_layout_dynamic(leading_dim=3),
              from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3)]
@@ -446,7 +463,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
             fn = _compiled.get(key)
             if fn is None:
                 t0 = time.perf_counter()
-                fn = cute.compile(PiecewiseSparseFwdSm90(approx, stages, D), *args, *scal, stream)
+                fn = cute.compile(PiecewiseSparseFwdSm90(approx, stages, D, q_rs), *args, *scal, stream)
                 dt = time.perf_counter() - t0
                 _compile_seconds[str(key)] = dt
                 _compiled[key] = fn
