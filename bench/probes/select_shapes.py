@@ -13,7 +13,7 @@ for np2, rows, w in ((2048, 1, 4), (512, 4, 4)):
     print("bits", np2, rows, w, comp(kr._select_kernel, TYPES, dict(NP2=np2, ROWS=rows, KP2=256), w))
 for na, nb, rows, w, bits in ((1024, 256, 1, 1, 1), (1024, 256, 1, 1, 2), (1024, 256, 1, 2, 1), (2048, 0, 1, 1, 1),
                               (512, 0, 1, 1, 1), (512, 0, 1, 1, 2), (512, 0, 2, 1, 1), (512, 0, 4, 4, 1),
-                              (8192, 4096, 1, 8, 1)):
+                              (256, 0, 2, 1, 1), (16384, 0, 1, 8, 1), (8192, 4096, 1, 8, 1)):
     name = f"{out_dir}/pieces_{na}_{nb}_{rows}_{w}_{bits}.sass" if out_dir else False
     print("pieces", na, nb, rows, w, f"bits{bits}",
           comp(ks._select_pieces_kernel, TYPES, dict(NA=na, NB=nb, ROWS=rows, KP2=256, BITS=bits), w, sass=name))
