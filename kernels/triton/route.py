@@ -5,9 +5,11 @@
    (3xTF32, float32-accurate; plain float32 under the interpreter), NaN/inf scores clamped, forced blocks
    (band, sinks) at +inf; writes the float32 score and the virtual-token bias row (the gated w, 0 for PISA).
    Its tile (0, 0) also reduces the statistics' H_j partials into H-bar (float32 and input dtype).
-2. `_select_kernel`, one program per ROWS query blocks: the K_i = max(k, #forced) best by a 16-step two-bits-per-
-   step search for the K_i-th largest key (ties by lower block id); writes the ascending index list (-1 padded)
-   and marks the chosen blocks -inf in the bias row.
+2. the select kernel, per query block the K_i = max(k, #forced) best by a bit search for the K_i-th largest
+   order-preserving key (ties by lower block id); writes the ascending index list (-1 padded) and marks the
+   chosen blocks -inf in the bias row. SELECT_IMPL picks it: "pieces" (kernels/triton/select.py: one warp per
+   program, one bit per step, the row in one or two power-of-two pieces) or "bits" (`_select_kernel` here:
+   ROWS query blocks per 4-warp program over one power-of-two tile, two bits per step).
 The scores cost 4 N^2 bytes per (batch, head) of scratch, for one sub-chunk of heads at a time. Measured and
 dropped: a select kernel that computes its own scores for N <= 256 (one launch fewer, but its 3xTF32 operand
 tiles spilled: FLUX.1 1024^2 routing 0.056 ms).
