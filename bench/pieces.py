@@ -218,14 +218,29 @@ def sweep(q, k, v, density, out):
             timed(d, f"stats_db{db}_pre{int(pre)}_g{blocks}_w{warps}_ms", lambda: kts.block_stats(q, k, v, cpwt))
         kts.STATS_DB, kts.STATS_PREFETCH, kts.STATS_BLOCKS, kts.STATS_WARPS = keep[:4]
         st = kts.block_stats(q, k, v, cpwt)
-        for keys, warps, dk, sw in ((2048, 4, 128, 4), (2048, 8, 128, 4), (4096, 8, 128, 4), (1024, 4, 128, 4),
-                                    (2048, 4, 64, 4), (2048, 4, 32, 8)):
-            kr.SELECT_KEYS, kr.SELECT_WARPS, kr.SCORE_DK, kr.SCORE_WARPS = keys, warps, dk, sw
+        from kernels.triton import select as ks
+        skeep = (kr.SELECT_IMPL, ks.SELECT_BITS, ks.SELECT_PIECE_WARPS, ks.SELECT_PIECE_KEYS, ks.SELECT_SPLIT)
 
-            def once():
-                st.hbar_ready = False
-                return kts.route(st, cpwt, q.dtype)
-            timed(d, f"route_keys{keys}_w{warps}_scoredk{dk}_w{sw}_ms", once)
+        def once():
+            st.hbar_ready = False
+            return kts.route(st, cpwt, q.dtype)
+        try:
+            # the "bits" select (route._select_kernel) at its keys / warps, then the score slices
+            kr.SELECT_IMPL = "bits"
+            for keys, warps, dk, sw in ((2048, 4, 128, 4), (2048, 8, 128, 4), (1024, 4, 128, 4), (2048, 4, 64, 4)):
+                kr.SELECT_KEYS, kr.SELECT_WARPS, kr.SCORE_DK, kr.SCORE_WARPS = keys, warps, dk, sw
+                timed(d, f"route_bits_keys{keys}_w{warps}_scoredk{dk}_w{sw}_ms", once)
+            kr.SELECT_KEYS, kr.SELECT_WARPS, kr.SCORE_DK, kr.SCORE_WARPS = keep[4:]
+            d["profile_route_bits"] = kernel_table(once)
+            # the "pieces" select (kernels/triton/select.py): bits per step, warps, keys per program, split rows
+            kr.SELECT_IMPL = "pieces"
+            for bits, warps, pkeys, split in ((1, 1, 512, True), (2, 1, 512, True), (1, 2, 512, True),
+                                              (1, 4, 512, True), (1, 1, 1024, True), (1, 1, 2048, True),
+                                              (1, 1, 512, False), (2, 2, 512, True), (1, 4, 2048, True)):
+                ks.SELECT_BITS, ks.SELECT_PIECE_WARPS, ks.SELECT_PIECE_KEYS, ks.SELECT_SPLIT = bits, warps, pkeys, split
+                timed(d, f"route_pieces_bits{bits}_w{warps}_keys{pkeys}_split{int(split)}_ms", once)
+        finally:
+            kr.SELECT_IMPL, ks.SELECT_BITS, ks.SELECT_PIECE_WARPS, ks.SELECT_PIECE_KEYS, ks.SELECT_SPLIT = skeep
         try:
             d["profile_route_default"] = None
             kr.SELECT_KEYS, kr.SELECT_WARPS, kr.SCORE_DK, kr.SCORE_WARPS = keep[4:]

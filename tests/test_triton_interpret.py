@@ -135,6 +135,22 @@ def test_select_kernel_keeps_the_best_by_score_then_lowest_id(res):
     assert all(r.values()), r
 
 
+def test_select_pieces_kernel_equals_bits_and_a_sorted_topk(res):
+    r = get(res, "select_pieces_equals_bits_and_a_sorted_topk")
+    assert len(r) == 27, sorted(r)
+    # two pieces (NB > 0) and several rows per program were exercised
+    assert any("_pieces_" in name and "x0x" not in name for name in r), sorted(r)
+    assert all(r.values()), {name: ok for name, ok in r.items() if not ok}
+
+
+def test_route_with_either_select_kernel_equals_route_torch(res):
+    r = get(res, "route_select_impls_agree_with_torch")
+    assert r.pop("bias_pieces_equals_bits") is True
+    assert set(r) == {"pieces", "bits"}
+    for impl, d in r.items():
+        assert d["idx_equal_torch"] and d["exact_marks_equal_torch"], (impl, d)
+
+
 def test_routing_score_slices_are_clamped_to_the_head_dim(res):
     r = get(res, "score_slices_wider_than_the_head_dim")
     for dk, d in r.items():

@@ -229,6 +229,88 @@ def _():
     return out
 
 
+@case("select_pieces_equals_bits_and_a_sorted_topk")
+def _():
+    # the one-warp select (kernels/triton/select.py) against the "bits" kernel and against a sort by
+    # (order-preserving key descending, id ascending): random rows, ties across the threshold, all-equal rows,
+    # +inf forced blocks, +-1e30 clamps, NaN (+NaN ranks above +inf by key; -NaN below every float), n not a
+    # power of two (two pieces), n = 1, k = n; one and two bits per step, one and several rows per program
+    from kernels.routing import forced_mask
+    from kernels.triton import route as kr
+    from kernels.triton import select as ks
+    out = {}
+    keep = (kr.SELECT_IMPL, ks.SELECT_BITS, ks.SELECT_SPLIT, ks.SELECT_PIECE_KEYS)
+
+    def order_key(x):  # the kernels' key as a Python int
+        b = int(torch.tensor([x], dtype=torch.float32).view(torch.int32)) & 0xFFFFFFFF
+        return b ^ 0xFFFFFFFF if b >> 31 else b | 0x80000000
+
+    try:
+        for n, k, band, sinks, fill in ((37, 5, 1, 0, "mixed"), (70, 9, 0, 2, "mixed"), (1, 1, 0, 0, "mixed"),
+                                        (20, 20, 1, 1, "mixed"), (33, 4, 2, 40, "mixed"), (24, 6, 0, 0, "equal"),
+                                        (40, 7, 1, 1, "nan")):
+            g = torch.Generator().manual_seed(n + k)
+            score = torch.randn(1, n, n, generator=g)
+            if fill == "equal":
+                score[0, : n // 2] = 0.25
+            if n > 10:
+                score[0, :8] = torch.round(score[0, :8] * 2) / 2  # ties across the threshold
+                score[0, 8, : n // 2] = 1e30
+                score[0, 9] = -1e30
+            if fill == "nan":
+                score[0, 2:6, ::3] = float("nan")
+                score[0, 6:9, 1::4] = -float("nan")
+            forced = forced_mask(n, n, band, sinks, "cpu")
+            score[0][forced] = float("inf")
+            kmax = max(k, int(forced.sum(-1).max()))
+            keys = [[order_key(float(score[0, i, j])) for j in range(n)] for i in range(n)]
+            want = []
+            for i in range(n):
+                ki = max(k, int(forced[i].sum()))
+                want.append(sorted(sorted(range(n), key=lambda j: (-keys[i][j], j))[:ki]) + [-1] * (kmax - ki))
+            want = torch.tensor(want, dtype=torch.int32)
+            exact = torch.zeros(n, n, dtype=torch.bool).scatter_(1, want.clamp(min=0).long(), want >= 0)
+            runs = [("bits", 1, True, 512), ("pieces", 1, True, 512), ("pieces", 2, True, 512),
+                    ("pieces", 1, False, 64)]
+            for impl, bits, split, pkeys in runs:
+                if impl == "bits" and fill == "nan":
+                    continue  # "bits" counts its padding (key of -inf) above a -NaN
+                kr.SELECT_IMPL, ks.SELECT_BITS, ks.SELECT_SPLIT, ks.SELECT_PIECE_KEYS = impl, bits, split, pkeys
+                idx = torch.full((1, 1, n, kmax), 7, dtype=torch.int32)
+                vbias = torch.zeros(1, 1, n, n, dtype=torch.float16)
+                kr._select(score, idx, vbias, n, kmax, 1, 0, 1, k, (band, sinks), 1)
+                shape = ks.pieces_shape(n) if impl == "pieces" else kr._select_shape(n)
+                name = f"n{n}_k{k}_{fill}_{impl}_bits{bits}_shape{'x'.join(map(str, shape))}"
+                out[name] = bool(torch.equal(idx[0, 0], want)) and bool(torch.equal(vbias[0, 0] == float("-inf"),
+                                                                                   exact))
+    finally:
+        kr.SELECT_IMPL, ks.SELECT_BITS, ks.SELECT_SPLIT, ks.SELECT_PIECE_KEYS = keep
+    return out
+
+
+@case("route_select_impls_agree_with_torch")
+def _():
+    # route() end to end with either select kernel: the same lists as route_torch, the same bias
+    from kernels.triton import route as kr
+    q, k, v = (rnd(1, 2, 64 * 37 + 9, 64, seed=160 + s) for s in range(3))
+    cfg = cfg_of(64, 0.3, "pwt", band=1, sinks=1)
+    keep = kr.SELECT_IMPL
+    out, bias = {}, {}
+    try:
+        for impl in ("pieces", "bits"):
+            kr.SELECT_IMPL = impl
+            st = stats.block_stats(q, k, v, cfg)
+            idx, bias[impl] = stats.route(st, cfg, q.dtype)
+            idx_t, vb_t = stats.route_torch(st, cfg, q.dtype)
+            out[impl] = {"idx_equal_torch": bool(torch.equal(idx, idx_t)),
+                         "exact_marks_equal_torch": bool(torch.equal(bias[impl] == float("-inf"),
+                                                                     vb_t == float("-inf")))}
+    finally:
+        kr.SELECT_IMPL = keep
+    out["bias_pieces_equals_bits"] = bool(torch.equal(bias["pieces"], bias["bits"]))
+    return out
+
+
 @case("score_slices_wider_than_the_head_dim")
 def _():
     # the GPU's whole-D score slice (SCORE_DK = 128) at head_dim 64: the slice is clamped to D, never reading

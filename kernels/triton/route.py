@@ -5,9 +5,11 @@
    (3xTF32, float32-accurate; plain float32 under the interpreter), NaN/inf scores clamped, forced blocks
    (band, sinks) at +inf; writes the float32 score and the virtual-token bias row (the gated w, 0 for PISA).
    Its tile (0, 0) also reduces the statistics' H_j partials into H-bar (float32 and input dtype).
-2. `_select_kernel`, one program per ROWS query blocks: the K_i = max(k, #forced) best by a 16-step two-bits-per-
-   step search for the K_i-th largest key (ties by lower block id); writes the ascending index list (-1 padded)
-   and marks the chosen blocks -inf in the bias row.
+2. the select kernel, per query block the K_i = max(k, #forced) best by a bit search for the K_i-th largest
+   order-preserving key (ties by lower block id); writes the ascending index list (-1 padded) and marks the
+   chosen blocks -inf in the bias row. SELECT_IMPL picks it: "pieces" (kernels/triton/select.py: one warp per
+   program, one bit per step, the row in one or two power-of-two pieces) or "bits" (`_select_kernel` here:
+   ROWS query blocks per 4-warp program over one power-of-two tile, two bits per step).
 The scores cost 4 N^2 bytes per (batch, head) of scratch, for one sub-chunk of heads at a time. Measured and
 dropped: a select kernel that computes its own scores for N <= 256 (one launch fewer, but its 3xTF32 operand
 tiles spilled: FLUX.1 1024^2 routing 0.056 ms).
@@ -186,6 +188,23 @@ def _select_kernel(
     tl.store(p_o, tl.full([ROWS, NP2], float("-inf"), tl.float32).to(VBIAS.dtype.element_ty), mask=sel)
 
 
+def _select(score, idx, vbias, n, kmax, HC, h0, hs, k, common, programs):
+    """The select kernel SELECT_IMPL names over the scores of heads h0 .. h0 + hs (`programs` of them)."""
+    kp2 = max(16, triton.next_power_of_2(kmax))
+    if SELECT_IMPL == "pieces":
+        from . import select as ks
+        na, nb, rows, warps = ks.pieces_shape(n)
+        ks._select_pieces_kernel[(triton.cdiv(n, rows), programs)](
+            score, idx, vbias, n, kmax, HC, h0, hs, k, *common,
+            NA=na, NB=nb, ROWS=rows, KP2=kp2, BITS=ks.SELECT_BITS, num_warps=warps,
+        )
+    else:
+        np2, rows, warps = _select_shape(n)
+        _select_kernel[(triton.cdiv(n, rows), programs)](
+            score, idx, vbias, n, kmax, HC, h0, hs, k, *common, NP2=np2, ROWS=rows, KP2=kp2, num_warps=warps,
+        )
+
+
 def bias_dtype(dtype: torch.dtype) -> torch.dtype:
     """Storage of the per-(query block, KV block) virtual-token bias: -inf marks an exact block, else the
     gated PWT bonus w (0 for PISA). float16 for 16-bit inputs (w <= ln Bs, so the rounding is <= 2e-3 in
@@ -229,6 +248,9 @@ SELECT_WARPS = 4
 # 128-long sums differently per output column, which breaks exact ties the tests rely on
 SCORE_DK = 16 if _INTERPRET else 128
 SCORE_WARPS = 4
+# which select kernel: "pieces" (kernels/triton/select.py: one warp per program, the row in one or two
+# power-of-two pieces, its own knobs there) or "bits" (_select_kernel above, SELECT_KEYS / SELECT_WARPS)
+SELECT_IMPL = "pieces"
 
 
 def _select_shape(n: int) -> tuple[int, int, int]:
@@ -263,7 +285,6 @@ def route(st, cfg: SparseConfig, dtype: torch.dtype, *, score_bytes: int = 256 *
         st.hbar_lp = torch.empty(B, HC, D, D, device=dev, dtype=dtype)
     hargs = (st.hpart, st.hbar, st.hbar_lp) if final_h else (dummy, dummy, dummy)
     npart = st.hpart.shape[2] if final_h else 0
-    np2, rows, warps = _select_shape(n)
     # the float32 scores exist for one sub-chunk of heads at a time (score_bytes: its budget)
     hsub = max(1, min(HC, int(score_bytes // max(1, B * 4 * n * n))))
     hsub = -(-HC // -(-HC // hsub))  # spread evenly
@@ -279,10 +300,7 @@ def route(st, cfg: SparseConfig, dtype: torch.dtype, *, score_bytes: int = 256 *
                 math.log(cfg.block_size), 1.0 / n, D=D, BM=64, BN=64, DK=min(SCORE_DK, D), PWT=pwt, COV=cov,
                 FINAL_H=final_h, PREC=_PREC, num_warps=SCORE_WARPS, num_stages=1,
             )
-            _select_kernel[(triton.cdiv(n, rows), B * hs)](
-                score, idx, vbias, n, kmax, HC, h0, hs, k, *common,
-                NP2=np2, ROWS=rows, KP2=max(16, triton.next_power_of_2(kmax)), num_warps=warps,
-            )
+            _select(score, idx, vbias, n, kmax, HC, h0, hs, k, common, B * hs)
     except OutOfResources as e:
         set_route_failed(e)
         _finalize_torch(st, n, dtype)

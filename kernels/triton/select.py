@@ -1,0 +1,169 @@
+"""Routing top-k selection, one warp per program over a row held in one or two power-of-two pieces.
+
+route.SELECT_IMPL = "pieces" (this module) or "bits" (route._select_kernel, the previous kernel). Same outputs:
+per query block the K_i = max(k, #forced) best KV blocks by (order-preserving uint32 key of the float32 score
+descending, block id ascending), as an ascending int32 list -1 padded to NSEL, and those blocks marked -inf in
+the bias row. How it differs from "bits" (what it computes does not):
+- the row is one power-of-two piece, or two when that wastes much less (n = 1182 at Wan2.1-14B 720p: 1024 + 256
+  keys instead of 2048; every search step touches 37% fewer keys);
+- one warp per program by default (SELECT_PIECE_WARPS): every reduction is warp shuffles, no shared memory and
+  no barriers; more warps only for rows over 2048 keys (64 keys per thread at most);
+- SELECT_BITS = 1: one threshold per step, int32 counts (a compare and an add per key, ~20 steps for float
+  scores); SELECT_BITS = 2: the three thresholds of "bits" in one int64 sum per step (~10 steps);
+- padding columns get key 0 (below every float's key, a negative NaN's included) and are never counted, and the
+  forced count of a row is computed in closed form (band window plus sinks outside it).
+The search stops when every row's #(key >= t) equals its K_i, else after all 32 bits (then t is the K_i-th
+largest key and the tied blocks at t are kept lowest id first).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _piece_keys(SCORE, i_loc, o_i, m_i, N, J0: tl.constexpr, NJ: tl.constexpr):
+    o_j = J0 + tl.arange(0, NJ)
+    m_j = o_j < N
+    b_s = tl.load(SCORE + (i_loc.to(tl.int64) * N + o_i)[:, None] * N + o_j[None, :],
+                  mask=m_i[:, None] & m_j[None, :], other=0.0)
+    b_bits = b_s.to(tl.int32, bitcast=True)
+    b_bits = b_bits ^ ((b_bits >> 31) | (-2147483647 - 1))
+    return tl.where(m_j[None, :], b_bits, 0).to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def _count_ge(b_key, c):
+    """#(key >= c) per row, int32."""
+    return tl.sum((b_key >= c[:, None]).to(tl.int32), axis=1)
+
+
+@triton.jit
+def _count_ge3(b_key, c1, c2, c3):
+    """#(key >= c1), #(key >= c2), #(key >= c3) per row in 16-bit fields of one int64 (NA + NB <= 16384)."""
+    packed = ((b_key >= c1[:, None]).to(tl.int64) + ((b_key >= c2[:, None]).to(tl.int64) << 16)
+              + ((b_key >= c3[:, None]).to(tl.int64) << 32))
+    return tl.sum(packed, axis=1)
+
+
+@triton.jit
+def _piece_store(IDX, VBIAS, i_bh, o_i, m_i, N, NSEL, sel, base, J0: tl.constexpr, NJ: tl.constexpr):
+    o_j = J0 + tl.arange(0, NJ)
+    pos = tl.cumsum(sel.to(tl.int32), axis=1) - 1 + base[:, None]
+    p_idx = IDX + (i_bh * N + o_i)[:, None].to(tl.int64) * NSEL
+    tl.store(p_idx + pos, o_j[None, :] + 0 * pos, mask=sel)
+    p_o = VBIAS + (i_bh.to(tl.int64) * N + o_i)[:, None] * N + o_j[None, :]
+    tl.store(p_o, tl.full([o_i.shape[0], NJ], float("-inf"), tl.float32).to(VBIAS.dtype.element_ty), mask=sel)
+
+
+@triton.jit
+def _select_pieces_kernel(
+    SCORE, IDX, VBIAS,
+    N, NSEL, HC, H0, HSUB, k_budget, band, n_sink,
+    NA: tl.constexpr, NB: tl.constexpr, ROWS: tl.constexpr, KP2: tl.constexpr, BITS: tl.constexpr,
+):
+    i_r, i_loc = tl.program_id(0), tl.program_id(1)
+    i_bh = (i_loc // HSUB) * HC + H0 + i_loc % HSUB
+    o_i = i_r * ROWS + tl.arange(0, ROWS)
+    m_i = o_i < N
+    # columns 0 .. NA and NA .. NA + NB (NB = 0: one piece)
+    k_a = _piece_keys(SCORE, i_loc, o_i, m_i, N, 0, NA)
+    if NB > 0:
+        k_b = _piece_keys(SCORE, i_loc, o_i, m_i, N, NA, NB)
+    # #forced of row i: the band window [i - band, i + band] within [0, N), plus the sinks [0, n_sink) outside it
+    w_lo = tl.maximum(o_i - band, 0)
+    w_hi = tl.minimum(o_i + band, N - 1)
+    n_snk = tl.minimum(n_sink, N)
+    n_forced = (tl.maximum(w_hi - w_lo + 1, 0) + n_snk
+                - tl.maximum(tl.minimum(w_hi, n_snk - 1) - w_lo + 1, 0))
+    # rows past N: K_i = N, already met (they never hold the search up)
+    k_i = tl.where(m_i, tl.maximum(n_forced, k_budget), N)
+    b_t = tl.zeros([ROWS], dtype=tl.uint32)
+    b_n = tl.zeros([ROWS], dtype=tl.int32) + N  # #(key >= 0) over the real columns
+    todo = tl.max((b_n != k_i).to(tl.int32), axis=0)
+    if BITS == 1:
+        bit = 31
+        while (bit >= 0) & (todo > 0):
+            c = b_t | (tl.full([ROWS], 1, dtype=tl.uint32) << bit.to(tl.uint32))
+            n1 = _count_ge(k_a, c)
+            if NB > 0:
+                n1 += _count_ge(k_b, c)
+            up = n1 >= k_i
+            b_t = tl.where(up, c, b_t)
+            b_n = tl.where(up, n1, b_n)
+            todo = tl.max((b_n != k_i).to(tl.int32), axis=0)
+            bit -= 1
+    else:
+        bit = 30  # the lower bit of the pair
+        while (bit >= 0) & (todo > 0):
+            one = tl.full([ROWS], 1, dtype=tl.uint32) << bit.to(tl.uint32)
+            c1 = b_t | one
+            c2 = b_t | (one << 1)
+            c3 = c2 | one
+            s_n = _count_ge3(k_a, c1, c2, c3)
+            if NB > 0:
+                s_n += _count_ge3(k_b, c1, c2, c3)
+            n1 = (s_n & 0xFFFF).to(tl.int32)
+            n2 = ((s_n >> 16) & 0xFFFF).to(tl.int32)
+            n3 = (s_n >> 32).to(tl.int32)
+            b_t = tl.where(n3 >= k_i, c3, tl.where(n2 >= k_i, c2, tl.where(n1 >= k_i, c1, b_t)))
+            b_n = tl.where(n3 >= k_i, n3, tl.where(n2 >= k_i, n2, tl.where(n1 >= k_i, n1, b_n)))
+            todo = tl.max((b_n != k_i).to(tl.int32), axis=0)
+            bit -= 2
+    # the chosen set: keys > t, and of the keys == t (real columns only: padding has key 0) the lowest ids
+    m_a = m_i[:, None] & (tl.arange(0, NA) < N)[None, :]
+    gt_a = (k_a > b_t[:, None]) & m_a
+    eq_a = (k_a == b_t[:, None]) & m_a
+    n_gt = tl.sum(gt_a.to(tl.int32), axis=1)
+    n_eq_a = tl.sum(eq_a.to(tl.int32), axis=1)
+    n_eq = n_eq_a
+    if NB > 0:
+        m_b = m_i[:, None] & ((NA + tl.arange(0, NB)) < N)[None, :]
+        gt_b = (k_b > b_t[:, None]) & m_b
+        eq_b = (k_b == b_t[:, None]) & m_b
+        n_gt += tl.sum(gt_b.to(tl.int32), axis=1)
+        n_eq += tl.sum(eq_b.to(tl.int32), axis=1)
+    take = k_i - n_gt  # how many of the blocks tied at the threshold are kept
+    if tl.max(n_eq - take, axis=0) > 0:
+        # a real tie across the threshold (rare): keep the lowest block ids among the tied
+        sel_a = gt_a | (eq_a & (tl.cumsum(eq_a.to(tl.int32), axis=1) <= take[:, None]))
+        if NB > 0:
+            sel_b = gt_b | (eq_b & (tl.cumsum(eq_b.to(tl.int32), axis=1) + n_eq_a[:, None] <= take[:, None]))
+    else:
+        sel_a = gt_a | eq_a
+        if NB > 0:
+            sel_b = gt_b | eq_b
+    zero = tl.zeros([ROWS], dtype=tl.int32)
+    _piece_store(IDX, VBIAS, i_bh, o_i, m_i, N, NSEL, sel_a, zero, 0, NA)
+    if NB > 0:
+        _piece_store(IDX, VBIAS, i_bh, o_i, m_i, N, NSEL, sel_b, tl.sum(sel_a.to(tl.int32), axis=1), NA, NB)
+    o_k = tl.arange(0, KP2)
+    p_idx = IDX + (i_bh * N + o_i)[:, None].to(tl.int64) * NSEL
+    tl.store(p_idx + o_k[None, :], tl.full([ROWS, KP2], -1, tl.int32),
+             mask=m_i[:, None] & (o_k[None, :] >= k_i[:, None]) & (o_k[None, :] < NSEL))
+
+
+# knobs (bench/pieces.py --sweep): search bits per step, warps for rows up to 2048 keys, keys per program
+# (several rows per program below it), and whether a row may be split in two pieces
+SELECT_BITS = 1
+SELECT_PIECE_WARPS = 1
+SELECT_PIECE_KEYS = 512
+SELECT_SPLIT = True
+
+
+def pieces_shape(n: int) -> tuple[int, int, int, int]:
+    """(NA, NB, ROWS, num_warps): the row as NA (+ NB) columns, NB = 0 or a power of two < NA."""
+    np2 = max(16, triton.next_power_of_2(n))
+    na, nb = np2, 0
+    if SELECT_SPLIT and np2 >= 64:
+        a = np2 // 2
+        b = max(16, triton.next_power_of_2(n - a))
+        if a + b < np2:
+            na, nb = a, b
+    rows = 1
+    while rows < 16 and 2 * rows * (na + nb) <= SELECT_PIECE_KEYS:
+        rows *= 2
+    warps = SELECT_PIECE_WARPS
+    while warps < 16 and (na + nb) * rows > 2048 * warps:  # at most 64 keys per thread
+        warps *= 2
+    return na, nb, rows, warps
