@@ -62,3 +62,12 @@ if __name__ == "__main__":
     if "hsum" in which:
         c = dict(D=128, BS=64, NSPLIT=2, HAS_PERM=False, H_DOT=0)
         print("hsum old w 8 stages 3", comp(stats._hsum_kernel, ST, c, 8, 3))
+    if "tc" in which:
+        for pwt, nk in ((True, False), (False, True)):
+            for db, w, ns in ((128, 4, 3), (128, 4, 4), (64, 4, 3), (128, 8, 3)):
+                c = dict(D=128, DB=db, BS=64, NEED_PWT=pwt, NEED_K=nk, HAS_PERM=False, GATHER=False, LOWP=True,
+                         STAGES=ns)
+                print("tc", "q-only pwt" if pwt else "drop q,k", "db", db, "w", w, "stages", ns,
+                      comp(stats2._qk_sums_tc_kernel, ST, c, w, ns))
+        c = dict(D=128, DB=128, BS=64, NEED_PWT=True, NEED_K=False, HAS_PERM=True, GATHER=True, LOWP=True, STAGES=3)
+        print("tc q-only pwt perm+gather db 128 w 4 stages 3", comp(stats2._qk_sums_tc_kernel, ST, c, 4, 3))

@@ -28,7 +28,7 @@ import triton.language as tl
 from ..config import SparseConfig
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-from .stats2 import _kv_hsum_kernel
+from .stats2 import _kv_hsum_kernel, _qk_sums_tc_kernel
 from .route import (bias_dtype, kernel_scratch_bytes, route, route_in_kernel, route_torch,  # noqa: F401
                     set_route_failed, vbias_from_routing)
 
@@ -274,6 +274,14 @@ STATS_QDB = 128
 FOLD_WARPS = 8
 FOLD_STAGES = 3
 FOLD_CTAS_PER_SM = 1
+# STATS_TC: q-bar / q^2 (STATS_FOLD) and drop's q-bar / k-bar by stats2._qk_sums_tc_kernel: column sums as
+# ones x tile on tensor cores, STATS_TC_BLOCKS blocks per program in a loop whose loads the pipeliner stages
+# (STATS_TC_STAGES deep; plain tl.sum programs get no cp.async). Not for the split pwt / pisa kernel (k, v stats)
+STATS_TC = os.environ.get("PSA_STATS_TC", "0") == "1"
+STATS_TC_BLOCKS = 8
+STATS_TC_STAGES = 3
+STATS_TC_DB = 128
+STATS_TC_WARPS = 4
 
 
 def stats_blocks_per_program(n: int, programs_per_block: int, device=None) -> int:
@@ -357,13 +365,24 @@ def block_stats(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None,
     nsplit = D // db
     fin = torch.empty(B, HC, n, nsplit, device=dev, dtype=torch.int32) if need_h and not fold else None
     gs = stats_blocks_per_program(n, B * HC * nsplit, dev)
-    _block_stats_kernel[(triton.cdiv(n, gs) * nsplit, HC, B)](
-        q, k, v, pm, kbar, kbar_lp if need_v else dummy, vmean_lp if need_v else dummy,
-        ksig2 if need_pwt else dummy, qbar, q2 if need_pwt else dummy, fin if fin is not None else dummy,
-        *g_args[:3], *strides, *g_args[3:], HC, T, n, gs, D=D, DB=db, BS=bs, NEED_PWT=need_pwt,
-        NEED_V=need_v and not fold, NEED_FIN=fin is not None, HAS_PERM=perm is not None, PREFETCH=STATS_PREFETCH,
-        GATHER=gathered is not None, NEED_K=not fold, num_warps=STATS_WARPS,
-    )
+    tc = STATS_TC and (fold or (not need_v and not need_pwt and gathered is None))
+    if tc:
+        db = min(STATS_TC_DB, D)
+        gs = max(1, min(STATS_TC_BLOCKS, n))
+        _qk_sums_tc_kernel[(triton.cdiv(n, gs) * (D // db), HC, B)](
+            q, k, pm, qbar, q2 if need_pwt else dummy, kbar, g_args[0], *strides[:3], *strides[3:6], *g_args[3:],
+            HC, T, n, gs, D=D, DB=db, BS=bs, NEED_PWT=need_pwt, NEED_K=not fold, HAS_PERM=perm is not None,
+            GATHER=gathered is not None, LOWP=q.dtype in (torch.bfloat16, torch.float16), STAGES=STATS_TC_STAGES,
+            num_warps=STATS_TC_WARPS, num_stages=STATS_TC_STAGES,
+        )
+    else:
+        _block_stats_kernel[(triton.cdiv(n, gs) * nsplit, HC, B)](
+            q, k, v, pm, kbar, kbar_lp if need_v else dummy, vmean_lp if need_v else dummy,
+            ksig2 if need_pwt else dummy, qbar, q2 if need_pwt else dummy, fin if fin is not None else dummy,
+            *g_args[:3], *strides, *g_args[3:], HC, T, n, gs, D=D, DB=db, BS=bs, NEED_PWT=need_pwt,
+            NEED_V=need_v and not fold, NEED_FIN=fin is not None, HAS_PERM=perm is not None, PREFETCH=STATS_PREFETCH,
+            GATHER=gathered is not None, NEED_K=not fold, num_warps=STATS_WARPS,
+        )
     if fold:  # keys and values: their statistics, block-order copies and the H partials in one read
         _kv_hsum_kernel[(npart, HC, B)](
             k, v, pm, kbar, kbar_lp, vmean_lp, ksig2 if need_pwt else dummy, *g_args[1:3], hpart,

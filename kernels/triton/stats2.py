@@ -77,3 +77,65 @@ def _kv_hsum_kernel(
         else:
             b_h += tl.dot(tl.trans(b_kc.to(b_vk.dtype)), b_vk)  # [D, BS] x [BS, D]
     tl.store(HPART + (i_bh * NPART + i_g).to(tl.int64) * D * D + o_d[:, None] * D + o_d[None, :], b_h)
+
+
+@triton.jit
+def _colsum_dot(ONES, b_x, PREC: tl.constexpr):
+    """[BS, DB] -> [64, DB] float32, every row the column sum of b_x (tensor cores: ones x tile)."""
+    if PREC == 0:
+        return tl.dot(ONES, b_x)  # bf16 / fp16: exact products, float32 accumulation
+    else:
+        return tl.dot(ONES, b_x, input_precision="tf32x3")  # float32 tiles (squares; float32 inputs)
+
+
+@triton.jit
+def _qk_sums_tc_kernel(
+    Q, K, PERM, QBAR, Q2, KBAR, QG,
+    sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sg_b, sg_h, sg_t,
+    HC, T, N, G,
+    D: tl.constexpr, DB: tl.constexpr, BS: tl.constexpr, NEED_PWT: tl.constexpr, NEED_K: tl.constexpr,
+    HAS_PERM: tl.constexpr, GATHER: tl.constexpr, LOWP: tl.constexpr, STAGES: tl.constexpr,
+):
+    """q-bar (and q^2 for PWT; k-bar with NEED_K: drop) of G blocks per program, DB columns, the column sums on
+    tensor cores (ones[64, BS] x tile; row 0 of the [64, DB] result stored) instead of cross-warp tl.sum: no
+    shared-memory reduction chain per block, and since the tiles feed a dot Triton's pipeliner stages their
+    loads (cp.async, STAGES deep) ahead of use. q^2: the float32 squares through tf32x3 (float32 accuracy).
+    With GATHER the q tiles are also written in block order (QG)."""
+    i_gs, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    NSPLIT: tl.constexpr = D // DB
+    i_g = i_gs // NSPLIT
+    i_s = i_gs % NSPLIT
+    i_bh = i_b * HC + i_h
+    o_d = i_s * DB + tl.arange(0, DB)
+    o_m = tl.arange(0, BS)
+    o_row = tl.arange(0, 64)
+    p_q = Q + i_b * sq_b + i_h * sq_h
+    p_k = K + i_b * sk_b + i_h * sk_h
+    o_g = i_b * sg_b + i_h * sg_h
+    if LOWP:
+        ones = tl.full([64, BS], 1.0, Q.dtype.element_ty)
+    else:
+        ones = tl.full([64, BS], 1.0, tl.float32)
+    ones32 = tl.full([64, BS], 1.0, tl.float32)
+    j0 = i_g * G
+    j1 = tl.minimum(j0 + G, N)
+    for j in tl.range(j0, j1, num_stages=STAGES):
+        o_t = j * BS + o_m
+        m_t = o_t < T
+        if HAS_PERM:
+            o_r = tl.load(PERM + o_t, mask=m_t, other=0).to(tl.int64)
+        else:
+            o_r = o_t.to(tl.int64)
+        b_q = tl.load(p_q + o_r[:, None] * sq_t + o_d[None, :], mask=m_t[:, None], other=0.0)
+        if GATHER:
+            tl.store(QG + o_g + o_t.to(tl.int64)[:, None] * sg_t + o_d[None, :], b_q, mask=m_t[:, None])
+        cnt = tl.minimum(T - j * BS, BS).to(tl.float32)
+        p_s = (i_bh * N + j) * D + o_d[None, :] + o_row[:, None] * 0
+        m_s = (o_row == 0)[:, None] & (o_d[None, :] < D)
+        tl.store(QBAR + p_s, _colsum_dot(ones, b_q, PREC=1 - LOWP) / cnt, mask=m_s)
+        if NEED_PWT:
+            b_qf = b_q.to(tl.float32)
+            tl.store(Q2 + p_s, _colsum_dot(ones32, b_qf * b_qf, PREC=1) / cnt, mask=m_s)
+        if NEED_K:
+            b_k = tl.load(p_k + o_r[:, None] * sk_t + o_d[None, :], mask=m_t[:, None], other=0.0)
+            tl.store(KBAR + p_s, _colsum_dot(ones, b_k, PREC=1 - LOWP) / cnt, mask=m_s)
