@@ -210,6 +210,8 @@ STATS_VARIANTS = {
     "fold_st2": {"STATS_FOLD": True, "FOLD_STAGES": 2},
     "fold_st4": {"STATS_FOLD": True, "FOLD_STAGES": 4},
     "fold_waves2": {"STATS_FOLD": True, "FOLD_CTAS_PER_SM": 2},
+    "fold_minwaves1": {"STATS_FOLD": True, "FOLD_MIN_WAVES": 1},
+    "fold_minwaves4": {"STATS_FOLD": True, "FOLD_MIN_WAVES": 4},
     "fold_tc": {"STATS_FOLD": True, "STATS_TC": True},
     "fold_tc_db64": {"STATS_FOLD": True, "STATS_TC": True, "STATS_TC_DB": 64},
     "fold_tc_db64_g16": {"STATS_FOLD": True, "STATS_TC": True, "STATS_TC_DB": 64, "STATS_TC_BLOCKS": 16},

@@ -9,7 +9,9 @@ per program accumulate sum_j H_j = sum_j (K_j - kbar_j)^T V_j in registers ([D, 
 k-bar read back instead of reduced in the loop, and write that partial once; the routing sums the partials of
 a head into H-bar (no atomics, no memset, bitwise reproducible). Measured and dropped: one kernel doing both
 (k and v read once; its [D, D] accumulator next to three tiles took 255 registers and a stack, one CTA per SM:
-1.63 ms vs 0.78 at Wan2.1-14B 480p). Real token counts everywhere; padding never counts.
+1.63 ms vs 0.78 at Wan2.1-14B 480p). Real token counts everywhere; padding never counts. Knobs STATS_FOLD /
+STATS_TC (off by default, issue #11; stats2.py): the key / value statistics inside the H-sum pass (one read of
+q, k, v, its loads cp.async-pipelined) and the column sums on tensor cores.
 
 Non-finite inputs (docs/MATH.md): a block whose keys or values are not all finite contributes no H_j
 to H-bar (its own k-bar / sigma^2 / value mean carry the inf/NaN to exactly the rows that give it weight),
@@ -274,6 +276,7 @@ STATS_QDB = 128
 FOLD_WARPS = 8
 FOLD_STAGES = 3
 FOLD_CTAS_PER_SM = 1
+FOLD_MIN_WAVES = 2  # at least this many waves of H-sum programs where 64 partials per head allow it
 # STATS_TC: q-bar / q^2 (STATS_FOLD) and drop's q-bar / k-bar by stats2._qk_sums_tc_kernel: column sums as
 # ones x tile on tensor cores, STATS_TC_BLOCKS blocks per program in a loop whose loads the pipeliner stages
 # (STATS_TC_STAGES deep; plain tl.sum programs get no cp.async). Not for the split pwt / pisa kernel (k, v stats)
@@ -304,15 +307,17 @@ def blocks_per_program(n: int, bh: int, device=None, per_sm: int | None = None) 
 
 def fold_blocks(n: int, bh: int, n_sm: int, d: int = 128, bs: int = 64) -> int:
     """G for stats2._kv_hsum_kernel: the P = ceil(N / G) <= 64 partials per head that minimise the modelled time
-    waves x G x (bytes of one block's K, V) + (bytes of the partials written and read back) / SMs, where waves =
-    ceil(bh P / (FOLD_CTAS_PER_SM n_sm)) (one wave of 2.1 means three: 280 programs of 78 blocks at Wan 480p
-    would lose ~30% to the last wave; 13 partials per head fill 4 waves)."""
+    waves x (G + 3) x (bytes of one block's K, V) + (bytes of the partials read back by the routing) / SMs, where
+    waves = ceil(bh P / (FOLD_CTAS_PER_SM n_sm)) and the 3 blocks are a program's pipeline fill and its [D, D]
+    float32 partial store (one wave of 2.1 costs three: 280 programs of 78 blocks at Wan 480p would lose ~30% to
+    the last wave; 13 partials per head fill 4 waves), over P giving at least FOLD_MIN_WAVES waves."""
     slots = max(1, FOLD_CTAS_PER_SM * n_sm)
     best = None
-    for p in range(1, min(64, n) + 1):
+    p_min = min(max(1, -(-FOLD_MIN_WAVES * slots // bh)), 64, n)
+    for p in range(p_min, min(64, n) + 1):
         g = max(1, -(-n // p))
         p = -(-n // g)
-        cost = -(-bh * p // slots) * g * bs * d * 4 + bh * p * d * d * 8 / n_sm
+        cost = -(-bh * p // slots) * (g + 3) * bs * d * 4 + bh * p * d * d * 4 / n_sm
         if best is None or cost < best[0]:
             best = (cost, g)
     return best[1]
