@@ -199,6 +199,67 @@ def pieces(label, pkg, backends, q, k, v, density, bw, out):
     say(label, {k2: v2 for k2, v2 in d.items() if not k2.startswith("profile")})
 
 
+# issue #11: statistics variants (kernels.triton.stats module attributes; unnamed ones keep their defaults).
+# "split" is the default two-kernel design; "fold*" move the key / value statistics into the H-sum pass
+# (stats2._kv_hsum_kernel) with the statistics kernel on q only; "*tc*" take the column sums of q (and drop's k) on
+# tensor cores in a pipelined loop (stats2._qk_sums_tc_kernel)
+STATS_VARIANTS = {
+    "split": {},
+    "fold": {"STATS_FOLD": True},
+    "fold_qdb64": {"STATS_FOLD": True, "STATS_QDB": 64},
+    "fold_st2": {"STATS_FOLD": True, "FOLD_STAGES": 2},
+    "fold_st4": {"STATS_FOLD": True, "FOLD_STAGES": 4},
+    "fold_waves2": {"STATS_FOLD": True, "FOLD_CTAS_PER_SM": 2},
+    "fold_minwaves1": {"STATS_FOLD": True, "FOLD_MIN_WAVES": 1},
+    "fold_minwaves4": {"STATS_FOLD": True, "FOLD_MIN_WAVES": 4},
+    "fold_tc": {"STATS_FOLD": True, "STATS_TC": True},
+    "fold_tc_db64": {"STATS_FOLD": True, "STATS_TC": True, "STATS_TC_DB": 64},
+    "fold_tc_db64_g16": {"STATS_FOLD": True, "STATS_TC": True, "STATS_TC_DB": 64, "STATS_TC_BLOCKS": 16},
+    "fold_tc_g16": {"STATS_FOLD": True, "STATS_TC": True, "STATS_TC_BLOCKS": 16},
+    "fold_tc_st4": {"STATS_FOLD": True, "STATS_TC": True, "STATS_TC_STAGES": 4},
+    "fold_tc_w8": {"STATS_FOLD": True, "STATS_TC": True, "STATS_TC_WARPS": 8},
+}
+
+
+def stats_variants(q, k, v, density, d):
+    """Time each STATS_VARIANTS entry on pwt and drop (stats_<name>_pwt_ms / _drop_ms), its largest difference
+    from the default's statistics (stats_<name>_maxdiff: k-bar, q-bar, q^2, sigma^2 absolute; H-bar relative)
+    and a kernel table of each variant on pwt."""
+    from kernels.triton import stats as kts
+    D = q.shape[-1]
+    cpwt, cdrop = cfg_of("pwt", density, D), cfg_of("drop", density, D)
+    names = sorted({n for kv in STATS_VARIANTS.values() for n in kv})
+    keep = {n: getattr(kts, n) for n in names}
+
+    def pwt_stats():
+        st = kts.block_stats(q, k, v, cpwt)
+        kts.finalize_hbar(st, st.kbar.shape[-2], q.dtype)
+        return st
+    try:
+        base = pwt_stats()
+        base_drop = kts.block_stats(q, k, v, cdrop)
+        for name, kv in STATS_VARIANTS.items():
+            for n in names:
+                setattr(kts, n, kv.get(n, keep[n]))
+            timed(d, f"stats_{name}_pwt_ms", lambda: kts.block_stats(q, k, v, cpwt))
+            timed(d, f"stats_{name}_drop_ms", lambda: kts.block_stats(q, k, v, cdrop))
+            try:
+                st, sd = pwt_stats(), kts.block_stats(q, k, v, cdrop)
+                diff = {f: float((getattr(st, f) - getattr(base, f)).abs().max())
+                        for f in ("kbar", "qbar", "q2", "ksig2")}
+                diff["hbar_rel"] = float((st.hbar - base.hbar).norm() / base.hbar.norm())
+                diff["drop_kbar"] = float((sd.kbar - base_drop.kbar).abs().max())
+                diff["drop_qbar"] = float((sd.qbar - base_drop.qbar).abs().max())
+                d[f"stats_{name}_maxdiff"] = diff
+                say(f"  stats_{name}_maxdiff: {diff}")
+                d[f"profile_stats_{name}_pwt"] = kernel_table(lambda: kts.block_stats(q, k, v, cpwt))
+            except Exception as e:
+                d[f"stats_{name}_maxdiff"] = f"failed: {type(e).__name__}: {str(e)[:200]}"
+    finally:
+        for n in names:
+            setattr(kts, n, keep[n])
+
+
 def sweep(q, k, v, density, out):
     """Tuning knobs of the statistics and routing kernels (kernels.triton.stats / route module attributes)."""
     from kernels.triton import route as kr
@@ -209,14 +270,7 @@ def sweep(q, k, v, density, out):
     keep = (kts.STATS_DB, kts.STATS_PREFETCH, kts.STATS_BLOCKS, kts.STATS_WARPS, kr.SELECT_KEYS, kr.SELECT_WARPS,
             kr.SCORE_DK, kr.SCORE_WARPS)
     try:
-        # (columns per program, prefetch the next block, blocks per program, warps); (64, False, 1, 4) is the
-        # previous one-block-per-program kernel
-        for db, pre, blocks, warps in ((32, True, 8, 4), (64, True, 8, 4), (32, False, 8, 4), (32, True, 4, 4),
-                                       (32, True, 16, 4), (64, True, 8, 8), (32, True, 8, 8), (64, False, 1, 4),
-                                       (32, False, 1, 4)):
-            kts.STATS_DB, kts.STATS_PREFETCH, kts.STATS_BLOCKS, kts.STATS_WARPS = db, pre, blocks, warps
-            timed(d, f"stats_db{db}_pre{int(pre)}_g{blocks}_w{warps}_ms", lambda: kts.block_stats(q, k, v, cpwt))
-        kts.STATS_DB, kts.STATS_PREFETCH, kts.STATS_BLOCKS, kts.STATS_WARPS = keep[:4]
+        stats_variants(q, k, v, density, d)
         st = kts.block_stats(q, k, v, cpwt)
         from kernels.triton import select as ks
         skeep = (kr.SELECT_IMPL, ks.SELECT_BITS, ks.SELECT_PIECE_WARPS, ks.SELECT_PIECE_KEYS, ks.SELECT_SPLIT)
