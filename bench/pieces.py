@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib
+import inspect
 import json
 import math
 import sys
@@ -169,6 +170,8 @@ def pieces(label, pkg, backends, q, k, v, density, bw, out):
             kcf = importlib.import_module(f"{pkg}.cute.fwd")
             timed(d, "attn_cute_drop_ms", lambda: kcf.attention(q, k, v, outb, st, idx, None, cdrop))
             timed(d, "attn_cute_pwt_ms", lambda: kcf.attention(q, k, v, outb, st, idx, vbias, cpwt))
+            if "q_rs" in inspect.signature(kcf.attention).parameters:
+                cute_qrs(d, kcf, q, k, v, st, idx, vbias, cdrop, cpwt)
         except Exception as e:
             d["attn_cute"] = f"unavailable: {type(e).__name__}: {str(e)[:200]}"
             say("  cute unavailable:", d["attn_cute"])
@@ -260,6 +263,18 @@ def stats_variants(q, k, v, density, d):
             setattr(kts, n, keep[n])
 
 
+def cute_qrs(d, kcf, q, k, v, st, idx, vbias, cdrop, cpwt):
+    """The CuTe attention with the query tile in registers (q_rs) and in shared memory, alternated twice in one
+    process, and the q_rs output's distance from the other (rel L2; the same arithmetic, so ~0)."""
+    for name, cfg, vb in (("drop", cdrop, None), ("pwt", cpwt, vbias)):
+        o0, o1 = torch.empty_like(q), torch.empty_like(q)
+        for rnd_ in (0, 1):
+            timed(d, f"attn_cute_{name}_qrs0_r{rnd_}_ms", lambda: kcf.attention(q, k, v, o0, st, idx, vb, cfg, q_rs=False))
+            timed(d, f"attn_cute_{name}_qrs1_r{rnd_}_ms", lambda: kcf.attention(q, k, v, o1, st, idx, vb, cfg, q_rs=True))
+        d[f"attn_cute_{name}_qrs1_rel"] = float((o1.float() - o0.float()).norm() / o0.float().norm())
+        del o0, o1
+
+
 def sweep(q, k, v, density, out):
     """Tuning knobs of the statistics and routing kernels (kernels.triton.stats / route module attributes)."""
     from kernels.triton import route as kr
@@ -337,6 +352,7 @@ def ditlike(shape, grid, density, backends, out):
             from kernels.cute import fwd as kcf
             timed(d, "attn_cute_drop_ms", lambda: kcf.attention(q, k, v, outb, st, idx, None, cdrop))
             timed(d, "attn_cute_pwt_ms", lambda: kcf.attention(q, k, v, outb, st, idx, vbias, cpwt))
+            cute_qrs(d, kcf, q, k, v, st, idx, vbias, cdrop, cpwt)
             from kernels import cute as kc
             timed(d, "full_cute_pwt_ms", lambda: kc.forward(q, k, v, cpwt))
         except Exception as e:
