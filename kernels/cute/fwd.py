@@ -21,9 +21,8 @@ block), 2 warpgroups:
     O += P V on WGMMA with P from registers (m64n128k16). The exact loop is software-pipelined as in
     FlashAttention-3: S_n = Q K_n^T is issued together with P_{n-1} V_{n-1}, so the tensor cores run
     both back to back (what overlaps the softmax: below). Virtual tiles add the bias row (-inf for an exact
-    block, the gated PWT bonus otherwise) with log2 of the real token count n_j folded in, so exp2 yields
-    n_j e(s-hat) with no multiply; bias and 1 / n_j are held per column (16 per thread, loaded before the
-    GEMM so the loads overlap it), not per accumulator element.
+    block, the gated PWT bonus otherwise) and weight P by the real token counts n_j; bias and n_j are held
+    per column (16 per thread, loaded before the GEMM so the loads overlap it), not per accumulator element.
 Two CTAs share an SM (launch bound 2 x 256 threads, ~81 KiB shared memory each), so one CTA's softmax
 overlaps the other's tensor-core work. Every rescale of the running max multiplies all accumulated mass
 (numerator, denominator and the first-order weight), as docs/MATH.md requires.
@@ -73,8 +72,10 @@ IMPORT_ERROR = None  # this module only imports when nvidia-cutlass-dsl does (ke
 
 D_SUPPORTED = 128
 # S = Q K^T with the query tile in registers (PSA_CUTE_QRS=1/0 overrides): every S GEMM then reads only K from
-# shared memory, which the TMA writes and both GEMMs' B operands also use. Chosen on the H200 (pieces_h200.md)
-Q_RS = False
+# shared memory, which the TMA writes and both GEMMs' B operands also use. H200, 2026-12-01 (pieces_h200.md,
+# session 4; on and off alternated twice in one process): faster in all 12 pairs, drop 5.09-5.70 vs 5.84 ms and
+# pwt 6.60-6.75 vs 7.01-7.06 at Wan2.1-14B 480p, 720p pwt 35.5-37.2 vs 37.1-38.3; bitwise the same output
+Q_RS = True
 
 
 class PiecewiseSparseFwdSm90(TileOps):
@@ -294,37 +295,34 @@ class PiecewiseSparseFwdSm90(TileOps):
             # loaded before its S GEMM is waited for.
             n_last = cutlass.Float32(rem)
             n_tiles = n_valid
-            # a virtual tile's per-column bias (log2 token count folded in) and 1 / token count (tile_ops)
+            # a virtual tile's per-column bias and token counts (tile_ops._load_bias)
             n_cols = cute.size(acc_s) // n_rows
             bias = cute.make_rmem_tensor(cute.make_layout(n_cols), cutlass.Float32)
-            ginv = cute.make_rmem_tensor(cute.make_layout(n_cols), cutlass.Float32)
-            log2_last = cute.math.log2(n_last, fastmath=False)
-            inv_last = cutlass.Float32(1.0) / n_last
+            cnt = cute.make_rmem_tensor(cute.make_layout(n_cols), cutlass.Float32)
             if cutlass.const_expr(self.approx):
                 n_tiles = n_valid + n_vt
             if n_tiles > 0:
                 if cutlass.const_expr(self.approx):
                     if n_valid == 0:
-                        self._load_bias(bias, ginv, mVB, tScS, i_b, i_h, i_q, 0, n_kv, log2_last, inv_last)
+                        self._load_bias(bias, cnt, mVB, tScS, i_b, i_h, i_q, 0, n_kv, n_last)
                 kh0 = kv_cons.wait_and_advance()
                 self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, kh0.index)])
                 warpgroup.wait_group(0)
                 kh0.release()
-                self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, ginv, tScS,
+                self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
                                    n_valid == 0, kk_tail == 0, rem, True)
                 self._to_p(acc_s, tOrP)
                 for u in cutlass.range(1, n_tiles, unroll=1):
                     if cutlass.const_expr(self.approx):
                         if u >= n_valid:
-                            self._load_bias(bias, ginv, mVB, tScS, i_b, i_h, i_q, u - n_valid, n_kv, log2_last,
-                                            inv_last)
+                            self._load_bias(bias, cnt, mVB, tScS, i_b, i_h, i_q, u - n_valid, n_kv, n_last)
                     vh = kv_cons.wait_and_advance()  # V_{u-1} (or the value means of a virtual tile)
                     kh = kv_cons.wait_and_advance()  # K_u (or the k-bar tile)
                     self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, kh.index)])
                     self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, vh.index)])
                     warpgroup.wait_group(1)  # S_u ready; P_{u-1} V_{u-1} may still run
                     kh.release()
-                    self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, ginv, tScS,
+                    self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
                                        u >= n_valid, kk_tail == u, rem, False)
                     warpgroup.wait_group(0)
                     vh.release()

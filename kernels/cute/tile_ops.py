@@ -18,7 +18,6 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 BS = 64  # query rows per CTA = tokens per routing block
 LOG2E = 1.4426950408889634
-LOG2_BS = 6.0  # log2(BS): the token count of every full block
 
 
 class TileOps:
@@ -46,35 +45,33 @@ class TileOps:
         warpgroup.commit_group()
 
     @cute.jit
-    def _load_bias(self, bias, ginv, mVB, tScS, i_b, i_h, i_q, t, n_kv, log2_last, inv_last):
-        """Per column slot of virtual tile t (KV blocks t*64 .. t*64+63): the bias in log2 units with the log2 of
-        the block's real token count folded in (so exp2 gives n_j e(s-hat) directly; -inf for an exact block
-        or past the end), and 1 / n_j, which turns that back into e(s-hat) for the first-order weight. The
-        bias is per (query block, KV block): the two rows a thread holds share it, 16 values per tile."""
+    def _load_bias(self, bias, cnt, mVB, tScS, i_b, i_h, i_q, t, n_kv, n_last):
+        """Per column slot of virtual tile t (KV blocks t*64 .. t*64+63): the bias in log2 units (-inf for an
+        exact block or past the end) and the block's real token count. The bias is per (query block, KV
+        block): the two rows a thread holds share it, so 16 values per tile are loaded, not 32."""
         for c in cutlass.range_constexpr(cute.size(bias)):
             jj = t * BS + tScS[(c % 2) + 4 * (c // 2)][1]
             b = -cutlass.Float32.inf
-            gi = cutlass.Float32(1.0 / BS)
+            n = cutlass.Float32(BS)
             if jj < n_kv:
-                lc = cutlass.Float32(LOG2_BS)
+                b = mVB[i_b, i_h, i_q, jj].to(cutlass.Float32) * LOG2E
                 if jj == n_kv - 1:
-                    lc = log2_last
-                    gi = inv_last
-                b = mVB[i_b, i_h, i_q, jj].to(cutlass.Float32) * LOG2E + lc
+                    n = n_last
             bias[c] = b
-            ginv[c] = gi
+            cnt[c] = n
 
     @cute.jit
-    def _softmax_tile(self, acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, ginv, tScS, is_virtual,
+    def _softmax_tile(self, acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, is_virtual,
                       is_tail, rem, rescale_o: cutlass.Constexpr):
         """The online softmax of one tile: an exact tile (partial last block masked) or, for pisa/pwt, a
-        virtual one (logits scaled into log2 units, bias and log2 token counts added per column)."""
+        virtual one (logits scaled into log2 units, the per-column bias added, P weighted by the token
+        counts)."""
         if cutlass.const_expr(self.approx):
             if is_virtual:
                 for e in cutlass.range_constexpr(cute.size(acc_s)):
                     acc_s[e] = acc_s[e] * scale_log2 + bias[self._col_slot_e(e)]
                 self._online_softmax([acc_s], acc_o, row_max, row_sum, row_g, scale_log2, True,
-                                     lambda h, e: ginv[self._col_slot_e(e)], alpha, rescale_o)
+                                     lambda h, e: cnt[self._col_slot_e(e)], alpha, rescale_o)
             else:
                 self._mask_tail(acc_s, tScS, is_tail, rem)
                 self._online_softmax([acc_s], acc_o, row_max, row_sum, row_g, scale_log2, False, None, alpha,
@@ -110,11 +107,10 @@ class TileOps:
 
     @cute.jit
     def _online_softmax(self, accs, acc_o, row_max, row_sum, row_g, scale_log2, virtual: cutlass.Constexpr,
-                        ginv_of, alpha, rescale_o: cutlass.Constexpr):
+                        cnt_of, alpha, rescale_o: cutlass.Constexpr):
         """`accs` (a list of one or two S tiles of one step) hold raw scores (exact tiles) or log2-unit logits
-        (virtual tiles, their log2 token counts included); on return they hold P and `alpha` the per-row
-        rescale of the old mass (for virtual tiles P = n_j e(s-hat); ginv_of(h, e) = 1 / n_j of element e of
-        tile h gives the first-order weight's e(s-hat)). Rescales the running sums now,
+        (virtual tiles); on return they hold P (times the token counts for virtual tiles: cnt_of(h, e) of
+        element e of tile h) and `alpha` the per-row rescale of the old mass. Rescales the running sums now,
         and the output accumulator now or (rescale_o=False: a P V product still in flight on the tensor
         cores) later through `_rescale_o`."""
         n_rows = 2
@@ -159,11 +155,11 @@ class TileOps:
                     psum[r] = psum[r] + p
                     acc_s[e] = p
                 else:
-                    # p = n_j e(s-hat) (the count is in the bias); the first-order weight sums e(s-hat)
                     p = cute.math.exp2(acc_s[e] - new_max[r], fastmath=True)
-                    psum[r] = psum[r] + p
-                    gsum[r] = gsum[r] + p * ginv_of(h, e)
-                    acc_s[e] = p
+                    gsum[r] = gsum[r] + p
+                    pn = p * cnt_of(h, e)
+                    psum[r] = psum[r] + pn
+                    acc_s[e] = pn
         for r in cutlass.range_constexpr(n_rows):
             row_sum[r] = row_sum[r] * alpha[r] + psum[r]
             if cutlass.const_expr(virtual):

@@ -161,7 +161,10 @@ def pieces_shape(n: int) -> tuple[int, int, int, int]:
         if a + b < np2:
             na, nb = a, b
     rows = 1
-    while rows < 16 and 2 * rows * (na + nb) <= SELECT_PIECE_KEYS:
+    # several rows per program only for one-piece rows: on the H200 (triton 3.6) a split row with ROWS > 1
+    # marked the wrong bias entries (the lists were right; bench/probes/select_check.py), under the
+    # interpreter it is right
+    while nb == 0 and rows < 16 and 2 * rows * (na + nb) <= SELECT_PIECE_KEYS:
         rows *= 2
     warps = SELECT_PIECE_WARPS
     while warps < 16 and (na + nb) * rows > 2048 * warps:  # at most 64 keys per thread

@@ -280,10 +280,12 @@ FOLD_MIN_WAVES = 2  # at least this many waves of H-sum programs where 64 partia
 # STATS_TC: q-bar / q^2 (STATS_FOLD) and drop's q-bar / k-bar by stats2._qk_sums_tc_kernel: column sums as
 # ones x tile on tensor cores, STATS_TC_BLOCKS blocks per program in a loop whose loads the pipeliner stages
 # (STATS_TC_STAGES deep; plain tl.sum programs get no cp.async). Not for the split pwt / pisa kernel (k, v stats)
-STATS_TC = os.environ.get("PSA_STATS_TC", "0") == "1"
+# H200 (bench/results/pieces_h200.md, session 4): drop's statistics 0.253 -> 0.183 ms at Wan2.1-14B 480p, 0.569 ->
+# 0.398 at 720p with 64 columns; folded pisa / pwt measured slower (1.16-1.92 vs 0.85 ms), so only drop uses it
+STATS_TC = os.environ.get("PSA_STATS_TC", "1") == "1"
 STATS_TC_BLOCKS = 8
 STATS_TC_STAGES = 3
-STATS_TC_DB = 128
+STATS_TC_DB = 64
 STATS_TC_WARPS = 4
 
 
