@@ -12,6 +12,12 @@ changes the captured work (`make_key`), and replays them:
   sync), replay on the current stream and return a clone of the static output (never the buffer itself);
 * `graph_reason` is the one policy (CUDA tensors, no autograd, no capture or torch.compile trace running, at most
   PSA_CUDA_GRAPH_MAX_TOKENS tokens, 16-byte aligned inputs; PSA_CUDA_GRAPHS=0 turns it off);
+* in place: when the same q, k, v addresses (same shapes and strides) come back, as in a sampling loop where the
+  caching allocator hands every block and step the same blocks, a third call captures the work once more on
+  the caller's own tensors; later calls at those addresses replay it with no copy-in (it reads whatever those
+  addresses hold when it runs, which the key guarantees is this call's q, k, v). No reference to the caller's
+  tensors is kept. At most PSA_CUDA_GRAPH_IN_PLACE such graphs (default 4) are ever captured per cache, so
+  addresses that keep changing never make calls re-capture;
 * at most PSA_CUDA_GRAPH_ENTRIES graphs (LRU); evicting one frees its graph, memory pool and buffers;
 * a capture or replay failure is logged once with its reason, the key runs eagerly from then on, and the call
   returns the eager result: the graph path never makes a call fail.
@@ -37,6 +43,7 @@ log = logging.getLogger("piecewise_sparse_attention")
 
 DEFAULT_MAX_TOKENS = 16384
 DEFAULT_ENTRIES = 8
+DEFAULT_IN_PLACE = 4
 # PyTorch's whole-network capture example warms up 3 iterations on the side stream before capturing
 WARMUP_ITERS = 3
 # environment variables the captured work reads at run time (head chunking, TMA, CuTe pipeline stages)
@@ -64,6 +71,18 @@ def max_tokens() -> int:
 
 def max_entries() -> int:
     return max(0, _env_int("PSA_CUDA_GRAPH_ENTRIES", DEFAULT_ENTRIES))
+
+
+def max_in_place() -> int:
+    return max(0, _env_int("PSA_CUDA_GRAPH_IN_PLACE", DEFAULT_IN_PLACE))
+
+
+def _in_place_key(key, q, k, v) -> tuple:
+    return ("in place", key, q.data_ptr(), k.data_ptr(), v.data_ptr())
+
+
+def _is_in_place(key) -> bool:
+    return isinstance(key, tuple) and len(key) == 5 and key[0] == "in place"
 
 
 def _capturing() -> bool:
@@ -157,7 +176,7 @@ def _describe(key) -> str:
 
 @dataclass
 class Entry:
-    inputs: tuple  # static q, k, v
+    inputs: tuple | None  # static q, k, v (None: captured in place on the caller's tensors)
     graph: object  # .replay() (and .reset() for a CUDA graph)
     out: torch.Tensor  # static output, written by each replay
     done: object = None  # torch.cuda.Event after the last replay's clone; None off CUDA
@@ -166,14 +185,17 @@ class Entry:
 class GraphCache:
     """Captured graphs of operator calls by key (see the module docstring); thread-safe with one lock."""
 
-    def __init__(self, capture=None, max_entries_fn=max_entries):
+    def __init__(self, capture=None, max_entries_fn=max_entries, max_in_place_fn=max_in_place):
         self._capture = capture if capture is not None else cuda_capture
         self._max_entries = max_entries_fn
+        self._max_in_place = max_in_place_fn
         self._lock = threading.Lock()
         self._entries: OrderedDict[tuple, Entry] = OrderedDict()
         self._seen: OrderedDict[tuple, None] = OrderedDict()
+        self._addr_seen: OrderedDict[tuple, int] = OrderedDict()  # in-place key -> calls seen at those addresses
+        self._in_place_captured = 0
         self._eager_only: dict[tuple, str] = {}
-        self.counts = {"eager": 0, "captures": 0, "replays": 0, "failures": 0, "evictions": 0}
+        self.counts = {"eager": 0, "captures": 0, "replays": 0, "failures": 0, "evictions": 0, "in_place": 0}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -189,9 +211,33 @@ class GraphCache:
         """This call's output. fn(q, k, v) is the work to capture and must raise on any failure; eager() computes
         the call without a graph (with its own fallbacks): the first call of a key and every failure use it."""
         with self._lock:
+            ikey = _in_place_key(key, q, k, v) if self._max_in_place() > 0 else None
+            if ikey is not None:
+                ientry = self._entries.get(ikey)
+                if ientry is not None:
+                    self._entries.move_to_end(ikey)
+                    try:
+                        out = self._replay(ientry, q, k, v)
+                        self.counts["replays"] += 1
+                        self.counts["in_place"] += 1
+                        return out
+                    except Exception as e:
+                        self._fail(ikey, "in-place replay", e)
+                seen = self._addr_seen.pop(ikey, 0)
+                self._addr_seen[ikey] = seen + 1
+                while len(self._addr_seen) > _MAX_SEEN:
+                    self._addr_seen.popitem(last=False)
             entry = self._entries.get(key)
             if entry is not None:
                 self._entries.move_to_end(key)
+                if (ikey is not None and seen >= 2 and ikey not in self._eager_only
+                        and self._in_place_captured < self._max_in_place()):
+                    try:
+                        out = self._new_in_place(ikey, fn, q, k, v)
+                        self.counts["captures"] += 1
+                        return out
+                    except Exception as e:
+                        self._fail(ikey, "in-place capture", e)
                 try:
                     out = self._replay(entry, q, k, v)
                     self.counts["replays"] += 1
@@ -213,10 +259,29 @@ class GraphCache:
             self.counts["eager"] += 1
         return eager()
 
-    def _new_entry(self, key, fn, q, k, v):
+    def _make_room(self):
         while self._entries and len(self._entries) >= self._max_entries():
             self._free(self._entries.popitem(last=False)[1])
             self.counts["evictions"] += 1
+
+    def _new_in_place(self, ikey, fn, q, k, v):
+        """Capture fn on the caller's own q, k, v (their addresses are part of `ikey`); counted against
+        max_in_place for good, whether it succeeds or not, so changing addresses never re-capture."""
+        self._in_place_captured += 1
+        self._make_room()
+        with torch.no_grad():
+            graph, out = self._capture(fn, (q, k, v))
+        entry = Entry(None, graph, out, torch.cuda.Event() if q.is_cuda else None)
+        result = self._replay(entry, q, k, v)
+        self._addr_seen.pop(ikey, None)
+        self._entries[ikey] = entry
+        log_once("graphs:in-place", "piecewise_sparse_attention: CUDA graphs in place: calls whose q, k, v come back "
+                 "at the same addresses replay without copying them in (at most %d such graphs, "
+                 "PSA_CUDA_GRAPH_IN_PLACE)", self._max_in_place())
+        return result
+
+    def _new_entry(self, key, fn, q, k, v):
+        self._make_room()
         static = tuple(_static_like(x) for x in (q, k, v))
         with torch.no_grad():
             for s, x in zip(static, (q, k, v)):
@@ -237,8 +302,9 @@ class GraphCache:
             if entry.done is not None:
                 # the last replay's clone may still be running on another stream: finish it before the copy-in
                 torch.cuda.current_stream(q.device).wait_event(entry.done)
-            for s, x in zip(entry.inputs, (q, k, v)):
-                s.copy_(x)
+            if entry.inputs is not None:  # an in-place graph reads the caller's tensors where they are
+                for s, x in zip(entry.inputs, (q, k, v)):
+                    s.copy_(x)
             entry.graph.replay()
             out = entry.out.clone()
             if entry.done is not None:
@@ -253,8 +319,11 @@ class GraphCache:
         old = self._entries.pop(key, None)
         if old is not None:
             self._free(old)
+        then = ("its calls use the copy-in graph from now on" if _is_in_place(key)
+                else "this shape runs eagerly from now on")
         if log_once(f"graphs:fail:{stage}:{key!r}", "piecewise_sparse_attention: CUDA graph %s failed for %s (%s); "
-                    "this shape runs eagerly from now on", stage, _describe(key), reason, level=logging.WARNING):
+                    "%s", stage, _describe(key[1] if _is_in_place(key) else key), reason, then,
+                    level=logging.WARNING):
             log.debug("piecewise_sparse_attention: CUDA graph %s traceback", stage, exc_info=e)
 
     @staticmethod
@@ -272,6 +341,8 @@ class GraphCache:
             while self._entries:
                 self._free(self._entries.popitem(last=False)[1])
             self._seen.clear()
+            self._addr_seen.clear()
+            self._in_place_captured = 0
             self._eager_only.clear()
 
 

@@ -66,6 +66,9 @@ class CudaLike:
 def _fresh(monkeypatch):
     for name in ("PSA_CUDA_GRAPHS", "PSA_CUDA_GRAPH_MAX_TOKENS", "PSA_CUDA_GRAPH_ENTRIES"):
         monkeypatch.delenv(name, raising=False)
+    # the copy-in graphs' tests call with the same tensors again and again: in-place graphs (their own tests
+    # below) off unless a test turns them on
+    monkeypatch.setenv("PSA_CUDA_GRAPH_IN_PLACE", "0")
     monkeypatch.setattr(graphs, "_capturing", lambda: False)
     monkeypatch.setattr(graphs, "_compiling", lambda: False)
     monkeypatch.setattr(dispatch, "_logged", set())  # log_once lines are seen again in each test
@@ -417,7 +420,7 @@ def test_api_fast_backend_calls_go_through_the_cache_with_morton_and_prefix(fast
     outs = [api.piecewise_sparse_attention(q, k, v, **KW) for _ in range(3)]
     for out in outs:
         torch.testing.assert_close(out, want, rtol=0, atol=0)
-    assert cache.counts == {"eager": 1, "captures": 1, "replays": 1, "failures": 0, "evictions": 0}
+    assert cache.counts == {"eager": 1, "captures": 1, "replays": 1, "failures": 0, "evictions": 0, "in_place": 0}
     q2, k2, v2 = _qkv((1, 2, 100, 16), seed=3)
     torch.testing.assert_close(api.piecewise_sparse_attention(q2, k2, v2, **KW),
                                api.piecewise_sparse_attention(q2, k2, v2, backend="torch", **KW), rtol=0, atol=0)
@@ -449,3 +452,84 @@ def test_api_backend_failure_during_capture_still_falls_back_to_the_reference(fa
     assert any("the triton backend failed" in m for m in msgs)
     with pytest.raises(RuntimeError, match="fast kernel failed"):
         api.piecewise_sparse_attention(q, k, v, on_failure="raise", **KW)
+
+
+# ---------------------------------------------------------------------------------------------------
+# in place: the same addresses again (a sampling loop) replay without the copy-in
+
+def test_same_addresses_capture_in_place_on_the_third_call_and_read_what_they_hold(monkeypatch):
+    monkeypatch.setenv("PSA_CUDA_GRAPH_IN_PLACE", "4")
+    cap = FakeCapture()
+    cache = graphs.GraphCache(capture=cap)
+    q, k, v = _qkv()
+    want = torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+    outs = [_cache_call(cache, "key", q, k, v, []) for _ in range(5)]
+    assert len(cap.graphs) == 2 and cache.counts["captures"] == 2  # copy-in on call 2, in place on call 3
+    assert cache.counts["in_place"] == 2 and cache.counts["replays"] == 2
+    ikey = graphs._in_place_key("key", q, k, v)
+    assert ikey in cache and cache._entries[ikey].inputs is None  # nothing of the caller's is held
+    assert cap.graphs[1].inputs[0] is q  # captured on the caller's own tensor
+    for out in outs:
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+    # new values at the same addresses (what the caching allocator does between steps): their own answer
+    q2, k2, v2 = _qkv(seed=3)
+    for x, y in ((q, q2), (k, k2), (v, v2)):
+        x.copy_(y)
+    out = _cache_call(cache, "key", q, k, v, [])
+    assert cache.counts["in_place"] == 3
+    torch.testing.assert_close(out, torch.softmax(q2 @ k2.transpose(-1, -2), -1) @ v2, rtol=0, atol=0)
+    # other addresses of the same shape: the copy-in graph, no new capture
+    q3, k3, v3 = _qkv(seed=5)
+    out = _cache_call(cache, "key", q3, k3, v3, [])
+    assert len(cap.graphs) == 2 and cache.counts["replays"] == 4
+    torch.testing.assert_close(out, torch.softmax(q3 @ k3.transpose(-1, -2), -1) @ v3, rtol=0, atol=0)
+
+
+def test_addresses_that_keep_changing_never_capture_more_than_the_limit(monkeypatch):
+    monkeypatch.setenv("PSA_CUDA_GRAPH_IN_PLACE", "2")
+    cap = FakeCapture()
+    cache = graphs.GraphCache(capture=cap)
+    triples = [_qkv(seed=10 * i) for i in range(5)]
+    for _ in range(4):
+        for q, k, v in triples:
+            out = _cache_call(cache, "key", q, k, v, [])
+            torch.testing.assert_close(out, torch.softmax(q @ k.transpose(-1, -2), -1) @ v, rtol=0, atol=0)
+    assert len(cap.graphs) == 1 + 2, "one copy-in graph and at most PSA_CUDA_GRAPH_IN_PLACE in-place ones"
+    cache.clear()  # a new sampling run may capture again
+    for _ in range(3):
+        _cache_call(cache, "key", *triples[0], [])
+    assert len(cap.graphs) == 3 + 2
+
+
+def test_in_place_capture_failure_keeps_the_copy_in_graph_and_logs_once(monkeypatch, caplog):
+    monkeypatch.setenv("PSA_CUDA_GRAPH_IN_PLACE", "4")
+
+    class FailSecond(FakeCapture):
+        def __call__(self, fn, inputs):
+            if len(self.graphs) == 1:
+                self.graphs.append(None)
+                raise RuntimeError("in-place capture exploded")
+            return super().__call__(fn, inputs)
+
+    cap = FailSecond()
+    cache = graphs.GraphCache(capture=cap)
+    q, k, v = _qkv()
+    want = torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        outs = [_cache_call(cache, "key", q, k, v, []) for _ in range(5)]
+    for out in outs:
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+    lines = [r.getMessage() for r in caplog.records if "in-place capture failed" in r.getMessage()]
+    assert len(lines) == 1 and "copy-in graph" in lines[0], lines
+    assert cache.counts["failures"] == 1 and cache.counts["replays"] == 3 and "key" in cache
+
+
+def test_api_calls_at_the_same_addresses_replay_in_place(fast_api, monkeypatch):
+    monkeypatch.setenv("PSA_CUDA_GRAPH_IN_PLACE", "4")
+    fake, cap, cache = fast_api
+    q, k, v = _qkv((1, 2, 100, 16))
+    want = api.piecewise_sparse_attention(q, k, v, backend="torch", **KW)
+    outs = [api.piecewise_sparse_attention(q, k, v, **KW) for _ in range(5)]
+    for out in outs:
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+    assert cache.counts["captures"] == 2 and cache.counts["in_place"] == 2, cache.counts

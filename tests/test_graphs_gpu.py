@@ -35,6 +35,7 @@ def cache(monkeypatch):
     from kernels import graphs
     for name in ("PSA_CUDA_GRAPHS", "PSA_CUDA_GRAPH_MAX_TOKENS", "PSA_CUDA_GRAPH_ENTRIES"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PSA_CUDA_GRAPH_IN_PLACE", "0")  # the copy-in graphs; in place: its own test
     c = graphs.GraphCache()
     monkeypatch.setattr(graphs, "_CACHE", c)
     yield c
@@ -144,3 +145,23 @@ def test_grad_and_large_calls_stay_eager(cache):
     for _ in range(3):
         psa(qg, k, v, backend="triton", **KW)
     assert sum(cache.counts.values()) == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_in_place_graph_reads_the_callers_addresses_and_equals_eager(monkeypatch, cache, backend):
+    """Same q, k, v addresses a third time: a graph captured on the caller's tensors replays with no copy-in;
+    new values written at those addresses give their own answer, bit for bit the eager one."""
+    from kernels import piecewise_sparse_attention as psa
+    monkeypatch.setenv("PSA_CUDA_GRAPH_IN_PLACE", "4")
+    q, k, v = _qkv(comfy=True)
+    want = _eager(monkeypatch, q, k, v, backend)
+    outs = [psa(q, k, v, backend=backend, **KW) for _ in range(4)]
+    assert cache.counts["captures"] == 2 and cache.counts["in_place"] == 1, cache.counts
+    for out in outs:
+        assert torch.equal(out, want)
+    q2, k2, v2 = _qkv(seed=20, comfy=True)
+    want2 = _eager(monkeypatch, q2, k2, v2, backend)
+    for x, y in ((q, q2), (k, k2), (v, v2)):
+        x.copy_(y)
+    assert torch.equal(psa(q, k, v, backend=backend, **KW), want2)
+    assert cache.counts["in_place"] == 2
