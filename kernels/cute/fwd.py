@@ -16,8 +16,8 @@ block), 2 warpgroups:
   * warpgroup 0, warp 0 (producer, 40 registers): TMA loads of Q_i, then for every routed block j in S_i
     the K_j and V_j tiles, then the k-bar / value-mean tiles of all KV blocks (virtual tokens, pisa/pwt)
     and the two H-bar tiles, all through one 4-stage mbarrier pipeline of 16 KiB tiles;
-  * warpgroup 1 (consumer, 216 registers): S = Q K^T on WGMMA (m64n64k16, both operands in shared
-    memory), online softmax in registers (exp2, scale folded in, one running max shared by all terms),
+  * warpgroup 1 (consumer, 216 registers): S = Q K^T on WGMMA (m64n64k16; the query tile read from shared
+    memory into registers once, Q_RS, so each S GEMM reads only K there), online softmax in registers (exp2, scale folded in, one running max shared by all terms),
     O += P V on WGMMA with P from registers (m64n128k16). The exact loop is software-pipelined as in
     FlashAttention-3: S_n = Q K_n^T is issued together with P_{n-1} V_{n-1}, so the tensor cores run
     both back to back (what overlaps the softmax: below). Virtual tiles add the bias row (-inf for an exact
@@ -40,7 +40,8 @@ which MATH.md does not allow, or tiles shared between query blocks (TMA multicas
 pays on inputs whose adjacent lists overlap (their union is 0.68 of the two lists on DiT-like Morton
 inputs, ~1.0 measured on random ones).
 The design choices kept and the ones measured and dropped (two query blocks per CTA over the union of their
-lists, a lazy running max, an exact loop that never waits for P V) are in bench/results/cute_iterations_h200.md.
+lists, a lazy running max, an exact loop that never waits for P V, two KV blocks per softmax step) are in
+bench/results/cute_iterations_h200.md.
 
 Shapes are runtime values (T, N, K, heads, batch): one compile per (variant family, stages) serves every
 shape (1.5-3.5 s on the first call in a process, compile_stats()); cutlass-dsl also keeps compiled
