@@ -1,0 +1,133 @@
+"""The knob sweeps of bench/pieces.py (`--sweep`): statistics variants (kernels/triton/stats.py, stats2.py), the
+select kernels and their knobs (kernels/triton/route.py, select.py), the CuTe kernel with the query tile in
+registers or shared memory (kernels/cute/fwd.py, q_rs). Uses bench/pieces.py's timer and helpers (`bind`), so
+one --rep and one output dictionary serve both."""
+from __future__ import annotations
+
+import torch
+
+_P = None  # the running bench/pieces.py module
+
+
+def bind(mod) -> None:
+    global _P
+    _P = mod
+
+
+STATS_VARIANTS = {
+    "split": {},
+    "fold": {"STATS_FOLD": True},
+    "fold_qdb64": {"STATS_FOLD": True, "STATS_QDB": 64},
+    "fold_st2": {"STATS_FOLD": True, "FOLD_STAGES": 2},
+    "fold_st4": {"STATS_FOLD": True, "FOLD_STAGES": 4},
+    "fold_waves2": {"STATS_FOLD": True, "FOLD_CTAS_PER_SM": 2},
+    "fold_minwaves1": {"STATS_FOLD": True, "FOLD_MIN_WAVES": 1},
+    "fold_minwaves4": {"STATS_FOLD": True, "FOLD_MIN_WAVES": 4},
+    "fold_tc": {"STATS_FOLD": True, "STATS_TC": True},
+    "fold_tc_db64": {"STATS_FOLD": True, "STATS_TC": True, "STATS_TC_DB": 64},
+    "fold_tc_db64_g16": {"STATS_FOLD": True, "STATS_TC": True, "STATS_TC_DB": 64, "STATS_TC_BLOCKS": 16},
+    "fold_tc_g16": {"STATS_FOLD": True, "STATS_TC": True, "STATS_TC_BLOCKS": 16},
+    "fold_tc_st4": {"STATS_FOLD": True, "STATS_TC": True, "STATS_TC_STAGES": 4},
+    "fold_tc_w8": {"STATS_FOLD": True, "STATS_TC": True, "STATS_TC_WARPS": 8},
+}
+
+
+def stats_variants(q, k, v, density, d):
+    """Time each STATS_VARIANTS entry on pwt and drop (stats_<name>_pwt_ms / _drop_ms), its largest difference
+    from the default's statistics (stats_<name>_maxdiff: k-bar, q-bar, q^2, sigma^2 absolute; H-bar relative)
+    and a kernel table of each variant on pwt."""
+    from kernels.triton import stats as kts
+    D = q.shape[-1]
+    cpwt, cdrop = _P.cfg_of("pwt", density, D), _P.cfg_of("drop", density, D)
+    names = sorted({n for kv in STATS_VARIANTS.values() for n in kv})
+    keep = {n: getattr(kts, n) for n in names}
+
+    def pwt_stats():
+        st = kts.block_stats(q, k, v, cpwt)
+        kts.finalize_hbar(st, st.kbar.shape[-2], q.dtype)
+        return st
+    try:
+        base = pwt_stats()
+        base_drop = kts.block_stats(q, k, v, cdrop)
+        for name, kv in STATS_VARIANTS.items():
+            for n in names:
+                setattr(kts, n, kv.get(n, keep[n]))
+            _P.timed(d, f"stats_{name}_pwt_ms", lambda: kts.block_stats(q, k, v, cpwt))
+            _P.timed(d, f"stats_{name}_drop_ms", lambda: kts.block_stats(q, k, v, cdrop))
+            try:
+                st, sd = pwt_stats(), kts.block_stats(q, k, v, cdrop)
+                diff = {f: float((getattr(st, f) - getattr(base, f)).abs().max())
+                        for f in ("kbar", "qbar", "q2", "ksig2")}
+                diff["hbar_rel"] = float((st.hbar - base.hbar).norm() / base.hbar.norm())
+                diff["drop_kbar"] = float((sd.kbar - base_drop.kbar).abs().max())
+                diff["drop_qbar"] = float((sd.qbar - base_drop.qbar).abs().max())
+                d[f"stats_{name}_maxdiff"] = diff
+                _P.say(f"  stats_{name}_maxdiff: {diff}")
+                d[f"profile_stats_{name}_pwt"] = _P.kernel_table(lambda: kts.block_stats(q, k, v, cpwt))
+            except Exception as e:
+                d[f"stats_{name}_maxdiff"] = f"failed: {type(e).__name__}: {str(e)[:200]}"
+    finally:
+        for n in names:
+            setattr(kts, n, keep[n])
+
+
+def cute_qrs(d, kcf, q, k, v, st, idx, vbias, cdrop, cpwt):
+    """The CuTe attention with the query tile in registers (q_rs) and in shared memory, alternated twice in one
+    process, and the q_rs output's distance from the other (rel L2; the same arithmetic, so ~0)."""
+    for name, cfg, vb in (("drop", cdrop, None), ("pwt", cpwt, vbias)):
+        o0, o1 = torch.empty_like(q), torch.empty_like(q)
+        for rnd_ in (0, 1):
+            _P.timed(d, f"attn_cute_{name}_qrs0_r{rnd_}_ms", lambda: kcf.attention(q, k, v, o0, st, idx, vb, cfg, q_rs=False))
+            _P.timed(d, f"attn_cute_{name}_qrs1_r{rnd_}_ms", lambda: kcf.attention(q, k, v, o1, st, idx, vb, cfg, q_rs=True))
+        d[f"attn_cute_{name}_qrs1_rel"] = float((o1.float() - o0.float()).norm() / o0.float().norm())
+        del o0, o1
+
+
+def sweep(q, k, v, density, out):
+    """Tuning knobs of the statistics and routing kernels (kernels.triton.stats / route module attributes)."""
+    from kernels.triton import route as kr
+    from kernels.triton import stats as kts
+    D = q.shape[-1]
+    cpwt = _P.cfg_of("pwt", density, D)
+    d = out.setdefault("sweep", {})
+    keep = (kts.STATS_DB, kts.STATS_PREFETCH, kts.STATS_BLOCKS, kts.STATS_WARPS, kr.SELECT_KEYS, kr.SELECT_WARPS,
+            kr.SCORE_DK, kr.SCORE_WARPS)
+    try:
+        stats_variants(q, k, v, density, d)
+        st = kts.block_stats(q, k, v, cpwt)
+        from kernels.triton import select as ks
+        skeep = (kr.SELECT_IMPL, ks.SELECT_BITS, ks.SELECT_PIECE_WARPS, ks.SELECT_PIECE_KEYS, ks.SELECT_SPLIT)
+
+        def once():
+            st.hbar_ready = False
+            return kts.route(st, cpwt, q.dtype)
+        try:
+            # the "bits" select (route._select_kernel) at its keys / warps, then the score slices
+            kr.SELECT_IMPL = "bits"
+            for keys, warps, dk, sw in ((2048, 4, 128, 4), (2048, 8, 128, 4), (1024, 4, 128, 4), (2048, 4, 64, 4)):
+                kr.SELECT_KEYS, kr.SELECT_WARPS, kr.SCORE_DK, kr.SCORE_WARPS = keys, warps, dk, sw
+                _P.timed(d, f"route_bits_keys{keys}_w{warps}_scoredk{dk}_w{sw}_ms", once)
+            kr.SELECT_KEYS, kr.SELECT_WARPS, kr.SCORE_DK, kr.SCORE_WARPS = keep[4:]
+            d["profile_route_bits"] = _P.kernel_table(once)
+            # the "pieces" select (kernels/triton/select.py): bits per step, warps, keys per program, split rows
+            kr.SELECT_IMPL = "pieces"
+            for bits, warps, pkeys, split in ((1, 1, 512, True), (2, 1, 512, True), (1, 2, 512, True),
+                                              (1, 4, 512, True), (1, 1, 1024, True), (1, 1, 2048, True),
+                                              (1, 1, 512, False), (2, 2, 512, True), (1, 4, 2048, True)):
+                ks.SELECT_BITS, ks.SELECT_PIECE_WARPS, ks.SELECT_PIECE_KEYS, ks.SELECT_SPLIT = bits, warps, pkeys, split
+                _P.timed(d, f"route_pieces_bits{bits}_w{warps}_keys{pkeys}_split{int(split)}_ms", once)
+        finally:
+            kr.SELECT_IMPL, ks.SELECT_BITS, ks.SELECT_PIECE_WARPS, ks.SELECT_PIECE_KEYS, ks.SELECT_SPLIT = skeep
+        try:
+            d["profile_route_default"] = None
+            kr.SELECT_KEYS, kr.SELECT_WARPS, kr.SCORE_DK, kr.SCORE_WARPS = keep[4:]
+
+            def once_default():
+                st.hbar_ready = False
+                return kts.route(st, cpwt, q.dtype)
+            d["profile_route_default"] = _P.kernel_table(once_default)
+        except Exception as e:
+            d["profile_route_default"] = f"failed: {e}"
+    finally:
+        (kts.STATS_DB, kts.STATS_PREFETCH, kts.STATS_BLOCKS, kts.STATS_WARPS, kr.SELECT_KEYS, kr.SELECT_WARPS,
+         kr.SCORE_DK, kr.SCORE_WARPS) = keep
