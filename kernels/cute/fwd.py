@@ -77,14 +77,19 @@ D_SUPPORTED = 128
 # session 4; on and off alternated twice in one process): faster in all 12 pairs, drop 5.09-5.70 vs 5.84 ms and
 # pwt 6.60-6.75 vs 7.01-7.06 at Wan2.1-14B 480p, 720p pwt 35.5-37.2 vs 37.1-38.3; bitwise the same output
 Q_RS = True
+# pisa / pwt: the producer prefetches the query block's bias row into L2 (PSA_CUTE_BIAS_L2=1/0 overrides); off until
+# measured on the H200
+BIAS_L2 = False
 
 
 class PiecewiseSparseFwdSm90(TileOps):
     """Compile-time configuration: variant family (exact only, or exact + virtual tokens) and stages."""
 
-    def __init__(self, approx: bool, kv_stages: int = 4, head_dim: int = 128, q_rs: bool = False):
+    def __init__(self, approx: bool, kv_stages: int = 4, head_dim: int = 128, q_rs: bool = False,
+                 bias_l2: bool = False):
         self.approx = approx
         self.q_rs = q_rs  # S = Q K^T with Q from registers (read from shared memory once per CTA)
+        self.bias_l2 = bias_l2  # the producer prefetches this query block's bias row into L2 at the start
         self.kv_stages = kv_stages
         self.d = head_dim
         self.qk_tiler = (BS, BS, head_dim)  # (M, N, K) of S = Q K^T
@@ -211,6 +216,13 @@ class PiecewiseSparseFwdSm90(TileOps):
                 tVs, tVg = self._tma_part(tma_v, sV, gVt, self.d, BS)
                 h = q_prod.acquire_and_advance()
                 cute.copy(tma_q, tQg[(None, i_q, 0, hb)], tQs[(None, h.index)], tma_bar_ptr=h.barrier)
+                if cutlass.const_expr(self.approx and self.bias_l2):
+                    if n_vt > 0:
+                        # the bias rows do not stay in L2 at large N (40 x 1182^2 float16 at 720p, read once
+                        # each): this one is fetched now, while the exact tiles run, one 128-byte line per lane
+                        for c in cutlass.range(cute.arch.lane_idx() * BS, n_kv, 32 * BS, unroll=1):
+                            ptr = mVB.iterator + cute.crd2idx((i_b, i_h, i_q, c), mVB.layout)
+                            cute.arch.prefetch(ptr.llvm_ptr, cache_level="L2")
                 for kk in cutlass.range(n_sel, unroll=1):
                     j = mIdx[i_b, i_h, i_q, kk]
                     if j >= 0:
@@ -426,11 +438,16 @@ def _cute(x: torch.Tensor, align: int = 16):
 
 
 def _q_rs() -> bool:
-    env = os.environ.get("PSA_CUTE_QRS")
-    return Q_RS if env is None else env.strip() not in ("0", "", "false", "False")
+    return _env_flag("PSA_CUTE_QRS", Q_RS)
 
 
-def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None, q_rs: bool | None = None):
+def _env_flag(name: str, default: bool) -> bool:
+    env = os.environ.get(name)
+    return default if env is None else env.strip() not in ("0", "", "false", "False")
+
+
+def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None, q_rs: bool | None = None,
+              bias_l2: bool | None = None):
     """Fused forward on [B, HC, T, D] bf16 views (unit last stride, 16-byte aligned strides); same
     arguments and meaning as kernels.triton.fwd.attention."""
     B, HC, T, D = q.shape
@@ -443,6 +460,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
             raise ValueError(f"cute backend: {name} needs 16-byte aligned strides and base (TMA)")
     stages = kv_stages or int(os.environ.get("PSA_CUTE_STAGES", "4"))
     q_rs = _q_rs() if q_rs is None else bool(q_rs)
+    bias_l2 = approx and (_env_flag("PSA_CUTE_BIAS_L2", BIAS_L2) if bias_l2 is None else bool(bias_l2))
     if approx:
         kb, vm, hb = st.kbar_lp, st.vmean_lp, st.hbar_lp
         vb = vbias
@@ -450,7 +468,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
         kb = vm = q[:, :, :BS]
         hb = q[:, :, :D]
         vb = _bias_placeholder(q.device)
-    key = (approx, stages, str(q.dtype), D, q_rs)
+    key = (approx, stages, str(q.dtype), D, q_rs, bias_l2)
     args = [_cute(x) for x in (q, k, v, out, kb, vm, hb)]
     args += [from_dlpack(vb.detach(), assumed_align=2).mark_layout_dynamic(leading_dim=3),
              from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3)]
@@ -462,7 +480,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
             fn = _compiled.get(key)
             if fn is None:
                 t0 = time.perf_counter()
-                fn = cute.compile(PiecewiseSparseFwdSm90(approx, stages, D, q_rs), *args, *scal, stream)
+                fn = cute.compile(PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2), *args, *scal, stream)
                 dt = time.perf_counter() - t0
                 _compile_seconds[str(key)] = dt
                 _compiled[key] = fn
