@@ -18,12 +18,12 @@ def res():
     return run_driver("cute_compile_case.py", env=dict(CUTE_DSL_ARCH="sm_90a"))
 
 
-@pytest.mark.parametrize("family", ["drop", "pisa/pwt", "drop q_rs", "pisa/pwt q_rs"])
+@pytest.mark.parametrize("family", ["drop", "pisa/pwt", "drop q_rs", "pisa/pwt q_rs", "pisa/pwt q_rs bias_l2"])
 def test_kernel_compiles_for_sm90(res, family):
     assert res[family]["compiled"]
 
 
-@pytest.mark.parametrize("family", ["drop", "pisa/pwt", "drop q_rs", "pisa/pwt q_rs"])
+@pytest.mark.parametrize("family", ["drop", "pisa/pwt", "drop q_rs", "pisa/pwt q_rs", "pisa/pwt q_rs bias_l2"])
 def test_kernel_fits_the_register_budget_without_spills(res, family):
     rec = res[family]
     if "registers" not in rec:
@@ -33,7 +33,7 @@ def test_kernel_fits_the_register_budget_without_spills(res, family):
     assert rec["spill_bytes"] == 0, rec
 
 
-@pytest.mark.parametrize("family", ["drop", "pisa/pwt", "drop q_rs", "pisa/pwt q_rs"])
+@pytest.mark.parametrize("family", ["drop", "pisa/pwt", "drop q_rs", "pisa/pwt q_rs", "pisa/pwt q_rs bias_l2"])
 def test_kernel_uses_no_local_memory(res, family):
     """Every per-row value is indexed by a compile-time slot: a runtime row index once put the row sums on the
     stack (48-80 bytes of local memory) and ncu measured the kernel 9% faster without it."""

@@ -77,8 +77,9 @@ D_SUPPORTED = 128
 # session 4; on and off alternated twice in one process): faster in all 12 pairs, drop 5.09-5.70 vs 5.84 ms and
 # pwt 6.60-6.75 vs 7.01-7.06 at Wan2.1-14B 480p, 720p pwt 35.5-37.2 vs 37.1-38.3; bitwise the same output
 Q_RS = True
-# pisa / pwt: the producer prefetches the query block's bias row into L2 (PSA_CUTE_BIAS_L2=1/0 overrides); off until
-# measured on the H200
+# pisa / pwt: the producer prefetches the query block's bias row into L2 (PSA_CUTE_BIAS_L2=1/0 overrides). Written
+# for the 720p virtual-token cost (10 ms against ~4 its FLOPs imply; the bias rows, 112 MB there, miss L2), compiled
+# for sm_90a (tests/test_cute_compile.py) but not yet run on a GPU: off until bench/probes/bias_l2.py measures it
 BIAS_L2 = False
 
 
