@@ -271,6 +271,8 @@ STATS_MIN_WAVES = 8  # at least this many statistics programs per SM before bloc
 # statistics kernel reads only q (STATS_QDB columns per program): one read of q, k, v instead of q + 2 (k, v).
 # Only where the H-sum runs (pisa / pwt / cov_bias); drop keeps the split kernel. FOLD_WAVES: the H-sum
 # partials per head are picked so that the programs fill whole waves of FOLD_CTAS_PER_SM per SM
+# H200 (pieces_h200.md, session 4): folded measured slower at every setting (480p 1.16-1.22 ms vs 0.84 split, 720p
+# 2.60-2.75 vs 1.96; one CTA per SM at 208-233 registers does not keep enough bytes in flight), so it stays off
 STATS_FOLD = os.environ.get("PSA_STATS_FOLD", "0") == "1"  # the environment: to run whole test suites folded
 STATS_QDB = 128
 FOLD_WARPS = 8
