@@ -17,7 +17,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from kernels.triton import bwd, fwd  # noqa: E402
+from kernels.triton import bwd, fwd, select, stats2  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
@@ -74,4 +74,15 @@ fwd_types = {**{n: BF for n in ("Q", "K", "V", "O", "KBAR", "VMEAN", "HBAR", "KD
 compile_one("fwd_pwt_store_lse", fwd._psa_fwd_kernel, fwd_types,
             dict(common, BLOCK_N=64, BLOCK_V=64, APPROX=True, HAS_PERM=False, USE_TMA=False, HAS_HSCALE=False,
                  STORE_LSE=True), 4, 2)
+# the routing select kernel at Wan2.1-14B 720p (a row in two pieces) and 480p (one piece), one warp
+sel_types = {"SCORE": F32, "IDX": I32, "VBIAS": "*fp16"}
+compile_one("select_pieces_1024_256", select._select_pieces_kernel, sel_types,
+            dict(NA=1024, NB=256, ROWS=1, KP2=256, BITS=1), 1, 1)
+compile_one("select_pieces_512", select._select_pieces_kernel, sel_types, dict(NA=512, NB=0, ROWS=1, KP2=128, BITS=1),
+            1, 1)
+# drop's statistics with the column sums on tensor cores (stats.STATS_TC, 64 columns, pipelined block loop)
+compile_one("stats_tc_drop", stats2._qk_sums_tc_kernel,
+            {"Q": BF, "K": BF, "PERM": I32, "QBAR": F32, "Q2": F32, "KBAR": F32, "QG": BF},
+            dict(D=128, DB=64, BS=64, NEED_PWT=False, NEED_K=True, HAS_PERM=False, GATHER=False, LOWP=True, STAGES=3),
+            4, 3)
 print("RESULTS_JSON " + json.dumps(RES))
