@@ -74,8 +74,8 @@ IMPORT_ERROR = None  # this module only imports when nvidia-cutlass-dsl does (ke
 D_SUPPORTED = 128
 # S = Q K^T with the query tile in registers (PSA_CUTE_QRS=1/0 overrides): every S GEMM then reads only K from
 # shared memory, which the TMA writes and both GEMMs' B operands also use. H200, 2026-12-01 (pieces_h200.md,
-# session 4; on and off alternated twice in one process): faster in all 12 pairs, drop 5.09-5.70 vs 5.84 ms and
-# pwt 6.60-6.75 vs 7.01-7.06 at Wan2.1-14B 480p, 720p pwt 35.5-37.2 vs 37.1-38.3; bitwise the same output
+# session 4; on and off alternated twice per shape in each of two runs): faster in 20 of 24 pairs, by up to 12%
+# (e.g. Wan2.1-14B 480p pwt 6.60-6.95 vs 6.95-7.11 ms), within a ~5% run-to-run spread; bitwise the same output
 Q_RS = True
 # pisa / pwt: the producer prefetches the query block's bias row into L2 (PSA_CUTE_BIAS_L2=1/0 overrides). Written
 # for the 720p virtual-token cost (10 ms against ~4 its FLOPs imply; the bias rows, 112 MB there, miss L2), compiled
