@@ -1,4 +1,4 @@
-"""The knob sweeps of bench/pieces.py (`--sweep`): statistics variants (kernels/triton/stats.py, stats2.py), the
+"""The knob sweeps of bench/pieces.py (`--sweep`): drop's statistics variants (kernels/triton/stats.py, stats2.py), the
 select kernels and their knobs (kernels/triton/route.py, select.py), the CuTe kernel with the query tile in
 registers or shared memory (kernels/cute/fwd.py, q_rs). Uses bench/pieces.py's timer and helpers (`bind`), so
 one --rep and one output dictionary serve both."""
@@ -14,21 +14,13 @@ def bind(mod) -> None:
     _P = mod
 
 
-STATS_VARIANTS = {
-    "split": {},
-    "fold": {"STATS_FOLD": True},
-    "fold_qdb64": {"STATS_FOLD": True, "STATS_QDB": 64},
-    "fold_st2": {"STATS_FOLD": True, "FOLD_STAGES": 2},
-    "fold_st4": {"STATS_FOLD": True, "FOLD_STAGES": 4},
-    "fold_waves2": {"STATS_FOLD": True, "FOLD_CTAS_PER_SM": 2},
-    "fold_minwaves1": {"STATS_FOLD": True, "FOLD_MIN_WAVES": 1},
-    "fold_minwaves4": {"STATS_FOLD": True, "FOLD_MIN_WAVES": 4},
-    "fold_tc": {"STATS_FOLD": True, "STATS_TC": True},
-    "fold_tc_db64": {"STATS_FOLD": True, "STATS_TC": True, "STATS_TC_DB": 64},
-    "fold_tc_db64_g16": {"STATS_FOLD": True, "STATS_TC": True, "STATS_TC_DB": 64, "STATS_TC_BLOCKS": 16},
-    "fold_tc_g16": {"STATS_FOLD": True, "STATS_TC": True, "STATS_TC_BLOCKS": 16},
-    "fold_tc_st4": {"STATS_FOLD": True, "STATS_TC": True, "STATS_TC_STAGES": 4},
-    "fold_tc_w8": {"STATS_FOLD": True, "STATS_TC": True, "STATS_TC_WARPS": 8},
+STATS_VARIANTS = {  # drop's tensor-core column sums (stats.STATS_TC) against the split kernel and its knobs
+    "split": {"STATS_TC": False},
+    "tc": {},
+    "tc_db128": {"STATS_TC_DB": 128},
+    "tc_g16": {"STATS_TC_BLOCKS": 16},
+    "tc_st4": {"STATS_TC_STAGES": 4},
+    "tc_w8": {"STATS_TC_WARPS": 8},
 }
 
 

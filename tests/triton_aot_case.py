@@ -82,7 +82,6 @@ compile_one("select_pieces_512", select._select_pieces_kernel, sel_types, dict(N
             1, 1)
 # drop's statistics with the column sums on tensor cores (stats.STATS_TC, 64 columns, pipelined block loop)
 compile_one("stats_tc_drop", stats2._qk_sums_tc_kernel,
-            {"Q": BF, "K": BF, "PERM": I32, "QBAR": F32, "Q2": F32, "KBAR": F32, "QG": BF},
-            dict(D=128, DB=64, BS=64, NEED_PWT=False, NEED_K=True, HAS_PERM=False, GATHER=False, LOWP=True, STAGES=3),
-            4, 3)
+            {"Q": BF, "K": BF, "PERM": I32, "QBAR": F32, "KBAR": F32},
+            dict(D=128, DB=64, BS=64, HAS_PERM=False, LOWP=True, STAGES=3), 4, 3)
 print("RESULTS_JSON " + json.dumps(RES))

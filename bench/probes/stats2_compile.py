@@ -35,39 +35,20 @@ BF, F = "*bf16", "*fp32"
 ST = {"Q": BF, "K": BF, "V": BF, "PERM": "*i32", "KBAR": F, "KBAR_LP": BF, "VMEAN_LP": BF, "KSIG2": F, "QBAR": F,
       "Q2": F, "FIN": "*i32", "QG": BF, "KG": BF, "VG": BF, "HPART": F}
 if __name__ == "__main__":
-    which = sys.argv[1:] or ["old", "q", "fold"]
+    which = sys.argv[1:] or ["old", "hsum", "tc"]
     if "old" in which:
         for perm in (False, True):
             c = dict(D=128, DB=64, BS=64, NEED_PWT=True, NEED_V=True, NEED_FIN=True, HAS_PERM=perm, PREFETCH=False,
-                     GATHER=perm, NEED_K=True)
-            print("stats old perm", perm, comp(stats._block_stats_kernel, ST, c, 4))
-    if "q" in which:
-        for db in (64, 128):
-            for w in (4, 8):
-                c = dict(D=128, DB=db, BS=64, NEED_PWT=True, NEED_V=False, NEED_FIN=False, HAS_PERM=False,
-                         PREFETCH=False, GATHER=False, NEED_K=False)
-                print("stats q-only db", db, "w", w, comp(stats._block_stats_kernel, ST, c, w))
+                     GATHER=perm)
+            print("stats pwt perm", perm, comp(stats._block_stats_kernel, ST, c, 4))
         for db in (64, 128):
             c = dict(D=128, DB=db, BS=64, NEED_PWT=False, NEED_V=False, NEED_FIN=False, HAS_PERM=False,
-                     PREFETCH=False, GATHER=False, NEED_K=True)
+                     PREFETCH=False, GATHER=False)
             print("stats drop (q,k) db", db, comp(stats._block_stats_kernel, ST, c, 4))
-    if "fold" in which:
-        for perm in (False, True):
-            for w, ns in ((8, 3), (8, 2), (8, 4), (4, 2)):
-                c = dict(D=128, BS=64, NEED_PWT=True, HAS_PERM=perm, GATHER=perm, H_DOT=0, STAGES=ns)
-                print("fold perm", perm, "w", w, "stages", ns, comp(stats2._kv_hsum_kernel, ST, c, w, ns))
-        c = dict(D=128, BS=64, NEED_PWT=True, HAS_PERM=False, GATHER=False, H_DOT=1, STAGES=3)
-        print("fold fp16 (tf32 dot) w 8 stages 3", comp(stats2._kv_hsum_kernel, dict(ST, K="*fp16", V="*fp16",
-              KBAR_LP="*fp16", VMEAN_LP="*fp16"), c, 8, 3))
     if "hsum" in which:
         c = dict(D=128, BS=64, NSPLIT=2, HAS_PERM=False, H_DOT=0)
-        print("hsum old w 8 stages 3", comp(stats._hsum_kernel, ST, c, 8, 3))
+        print("hsum w 8 stages 3", comp(stats._hsum_kernel, ST, c, 8, 3))
     if "tc" in which:
-        for pwt, nk in ((True, False), (False, True)):
-            for db, w, ns in ((128, 4, 3), (128, 4, 4), (64, 4, 3), (128, 8, 3)):
-                c = dict(D=128, DB=db, BS=64, NEED_PWT=pwt, NEED_K=nk, HAS_PERM=False, GATHER=False, LOWP=True,
-                         STAGES=ns)
-                print("tc", "q-only pwt" if pwt else "drop q,k", "db", db, "w", w, "stages", ns,
-                      comp(stats2._qk_sums_tc_kernel, ST, c, w, ns))
-        c = dict(D=128, DB=128, BS=64, NEED_PWT=True, NEED_K=False, HAS_PERM=True, GATHER=True, LOWP=True, STAGES=3)
-        print("tc q-only pwt perm+gather db 128 w 4 stages 3", comp(stats2._qk_sums_tc_kernel, ST, c, 4, 3))
+        for db, w, ns in ((64, 4, 3), (64, 4, 4), (128, 4, 3), (128, 8, 3)):
+            c = dict(D=128, DB=db, BS=64, HAS_PERM=False, LOWP=True, STAGES=ns)
+            print("tc drop q,k db", db, "w", w, "stages", ns, comp(stats2._qk_sums_tc_kernel, ST, c, w, ns))

@@ -9,9 +9,9 @@ per program accumulate sum_j H_j = sum_j (K_j - kbar_j)^T V_j in registers ([D, 
 k-bar read back instead of reduced in the loop, and write that partial once; the routing sums the partials of
 a head into H-bar (no atomics, no memset, bitwise reproducible). Measured and dropped: one kernel doing both
 (k and v read once; its [D, D] accumulator next to three tiles took 255 registers and a stack, one CTA per SM:
-1.63 ms vs 0.78 at Wan2.1-14B 480p). Real token counts everywhere; padding never counts. Knobs STATS_FOLD /
-STATS_TC (off by default, issue #11; stats2.py): the key / value statistics inside the H-sum pass (one read of
-q, k, v, its loads cp.async-pipelined) and the column sums on tensor cores.
+1.63 ms vs 0.78 at Wan2.1-14B 480p); again with the key / value statistics folded into a cp.async-pipelined
+H-sum pass (1.16-1.22 ms vs 0.84, H200 2026-12-01, commit d888c50). Real token counts everywhere; padding never
+counts. drop's q-bar / k-bar: column sums on tensor cores (stats2.py, STATS_TC).
 
 Non-finite inputs (docs/MATH.md): a block whose keys or values are not all finite contributes no H_j
 to H-bar (its own k-bar / sigma^2 / value mean carry the inf/NaN to exactly the rows that give it weight),
@@ -30,7 +30,7 @@ import triton.language as tl
 from ..config import SparseConfig
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-from .stats2 import _kv_hsum_kernel, _qk_sums_tc_kernel
+from .stats2 import _qk_sums_tc_kernel
 from .route import (bias_dtype, kernel_scratch_bytes, route, route_in_kernel, route_torch,  # noqa: F401
                     set_route_failed, vbias_from_routing)
 
@@ -43,7 +43,6 @@ def _block_stats_kernel(
     HC, T, N, G,
     D: tl.constexpr, DB: tl.constexpr, BS: tl.constexpr, NEED_PWT: tl.constexpr, NEED_V: tl.constexpr,
     NEED_FIN: tl.constexpr, HAS_PERM: tl.constexpr, PREFETCH: tl.constexpr, GATHER: tl.constexpr,
-    NEED_K: tl.constexpr = True,
 ):
     """One program per (G consecutive blocks, DB of the D columns): every statistic is per column, so the D
     columns split over D // DB programs, each holding [BS, DB] tiles. Means, mean squares, centred key
@@ -51,8 +50,7 @@ def _block_stats_kernel(
     finite. With PREFETCH the next block's tiles are loaded (into registers, in the input dtype) before this
     block's reductions run, so a program always has a load in flight (Triton's pipeliner does not stage loads
     that feed reductions rather than dots). With GATHER (and PERM) the tiles read through the permutation are
-    also written, in block order, to QG / KG / VG: the Morton gather rides on the statistics' read. Without
-    NEED_K (STATS_FOLD: stats2._kv_hsum_kernel does the keys and values) only q is read, gathered and reduced."""
+    also written, in block order, to QG / KG / VG: the Morton gather rides on the statistics' read."""
     i_gs, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NSPLIT: tl.constexpr = D // DB
     i_g = i_gs // NSPLIT
@@ -67,29 +65,26 @@ def _block_stats_kernel(
     j1 = tl.minimum(j0 + G, N)
     if PREFETCH:
         b_q, b_k, b_v = _stats_load(p_q, p_k, p_v, PERM, sq_t, sk_t, sv_t, T, j0, True, o_d, BS=BS,
-                                    NEED_V=(NEED_V or GATHER) and NEED_K, HAS_PERM=HAS_PERM,
-                                    NEED_K=NEED_K)
+                                    NEED_V=NEED_V or GATHER, HAS_PERM=HAS_PERM)
         for j in range(j0, j1):
             n_q, n_k, n_v = _stats_load(p_q, p_k, p_v, PERM, sq_t, sk_t, sv_t, T, j + 1, j + 1 < j1, o_d, BS=BS,
-                                        NEED_V=(NEED_V or GATHER) and NEED_K, HAS_PERM=HAS_PERM,
-                                    NEED_K=NEED_K)
+                                        NEED_V=NEED_V or GATHER, HAS_PERM=HAS_PERM)
             _stats_write(b_q, b_k, b_v, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, FIN, QG, KG, VG, o_g, sg_t, T,
                          N, j, i_bh, i_s, o_d, D=D, NSPLIT=NSPLIT, BS=BS, NEED_PWT=NEED_PWT, NEED_V=NEED_V,
-                         NEED_FIN=NEED_FIN, GATHER=GATHER, NEED_K=NEED_K)
+                         NEED_FIN=NEED_FIN, GATHER=GATHER)
             b_q, b_k, b_v = n_q, n_k, n_v
     else:
         for j in range(j0, j1):
             b_q, b_k, b_v = _stats_load(p_q, p_k, p_v, PERM, sq_t, sk_t, sv_t, T, j, True, o_d, BS=BS,
-                                        NEED_V=(NEED_V or GATHER) and NEED_K, HAS_PERM=HAS_PERM,
-                                    NEED_K=NEED_K)
+                                        NEED_V=NEED_V or GATHER, HAS_PERM=HAS_PERM)
             _stats_write(b_q, b_k, b_v, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, FIN, QG, KG, VG, o_g, sg_t, T,
                          N, j, i_bh, i_s, o_d, D=D, NSPLIT=NSPLIT, BS=BS, NEED_PWT=NEED_PWT, NEED_V=NEED_V,
-                         NEED_FIN=NEED_FIN, GATHER=GATHER, NEED_K=NEED_K)
+                         NEED_FIN=NEED_FIN, GATHER=GATHER)
 
 
 @triton.jit
 def _stats_load(p_q, p_k, p_v, PERM, sq_t, sk_t, sv_t, T, j, ok, o_d, BS: tl.constexpr, NEED_V: tl.constexpr,
-                HAS_PERM: tl.constexpr, NEED_K: tl.constexpr):
+                HAS_PERM: tl.constexpr):
     """Block j's [BS, DB] tiles of q, k (and v) in the input dtype (zeros past T, or everywhere when not ok)."""
     o_t = j * BS + tl.arange(0, BS)
     m_t = (o_t < T) & ok
@@ -98,10 +93,7 @@ def _stats_load(p_q, p_k, p_v, PERM, sq_t, sk_t, sv_t, T, j, ok, o_d, BS: tl.con
     else:
         o_r = o_t.to(tl.int64)
     b_q = tl.load(p_q + o_r[:, None] * sq_t + o_d[None, :], mask=m_t[:, None], other=0.0)
-    if NEED_K:
-        b_k = tl.load(p_k + o_r[:, None] * sk_t + o_d[None, :], mask=m_t[:, None], other=0.0)
-    else:
-        b_k = b_q
+    b_k = tl.load(p_k + o_r[:, None] * sk_t + o_d[None, :], mask=m_t[:, None], other=0.0)
     if NEED_V:
         b_v = tl.load(p_v + o_r[:, None] * sv_t + o_d[None, :], mask=m_t[:, None], other=0.0)
     else:
@@ -112,7 +104,7 @@ def _stats_load(p_q, p_k, p_v, PERM, sq_t, sk_t, sv_t, T, j, ok, o_d, BS: tl.con
 @triton.jit
 def _stats_write(b_q, b_k, b_v, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, FIN, QG, KG, VG, o_g, sg_t, T, N, j,
                  i_bh, i_s, o_d, D: tl.constexpr, NSPLIT: tl.constexpr, BS: tl.constexpr, NEED_PWT: tl.constexpr,
-                 NEED_V: tl.constexpr, NEED_FIN: tl.constexpr, GATHER: tl.constexpr, NEED_K: tl.constexpr):
+                 NEED_V: tl.constexpr, NEED_FIN: tl.constexpr, GATHER: tl.constexpr):
     """Block j's statistics from its tiles (real token counts; padding rows are zeros); with GATHER the tiles
     themselves too, at their block-order rows."""
     o_t = j * BS + tl.arange(0, BS)
@@ -120,24 +112,15 @@ def _stats_write(b_q, b_k, b_v, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, FIN, Q
     if GATHER:
         p_g = o_g + o_t.to(tl.int64)[:, None] * sg_t + o_d[None, :]
         tl.store(QG + p_g, b_q, mask=m_t[:, None])
-        if NEED_K:
-            tl.store(KG + p_g, b_k, mask=m_t[:, None])
-            tl.store(VG + p_g, b_v, mask=m_t[:, None])
+        tl.store(KG + p_g, b_k, mask=m_t[:, None])
+        tl.store(VG + p_g, b_v, mask=m_t[:, None])
     cnt = tl.minimum(T - j * BS, BS).to(tl.float32)
     o_s = (i_bh * N + j) * D + o_d
     b_q = b_q.to(tl.float32)
+    b_k = b_k.to(tl.float32)
     tl.store(QBAR + o_s, tl.sum(b_q, axis=0) / cnt)
     if NEED_PWT:
         tl.store(Q2 + o_s, tl.sum(b_q * b_q, axis=0) / cnt)
-    if NEED_K:
-        _stats_write_kv(b_k, b_v, KBAR, KBAR_LP, VMEAN_LP, KSIG2, FIN, m_t, cnt, o_s, i_bh, N, j, i_s,
-                        NSPLIT=NSPLIT, NEED_PWT=NEED_PWT, NEED_V=NEED_V, NEED_FIN=NEED_FIN)
-
-
-@triton.jit
-def _stats_write_kv(b_k, b_v, KBAR, KBAR_LP, VMEAN_LP, KSIG2, FIN, m_t, cnt, o_s, i_bh, N, j, i_s,
-                    NSPLIT: tl.constexpr, NEED_PWT: tl.constexpr, NEED_V: tl.constexpr, NEED_FIN: tl.constexpr):
-    b_k = b_k.to(tl.float32)
     b_kbar = tl.sum(b_k, axis=0) / cnt  # [DB]
     tl.store(KBAR + o_s, b_kbar)
     if NEED_PWT:
@@ -266,24 +249,11 @@ STATS_DB = 64  # columns per statistics program
 STATS_BLOCKS = 1  # blocks per statistics program (a loop; with STATS_PREFETCH the next block's loads fly
 STATS_PREFETCH = False  # while this one's reductions run)
 STATS_MIN_WAVES = 8  # at least this many statistics programs per SM before blocks are grouped
-# STATS_FOLD (issue #11): the key / value statistics move into the H-sum pass (stats2._kv_hsum_kernel reads each
-# K / V tile once, cp.async-pipelined over FOLD_STAGES stages, for its statistics and its H_j) and the
-# statistics kernel reads only q (STATS_QDB columns per program): one read of q, k, v instead of q + 2 (k, v).
-# Only where the H-sum runs (pisa / pwt / cov_bias); drop keeps the split kernel. FOLD_WAVES: the H-sum
-# partials per head are picked so that the programs fill whole waves of FOLD_CTAS_PER_SM per SM
-# H200 (pieces_h200.md, session 4): folded measured slower at every setting (480p 1.16-1.22 ms vs 0.84 split, 720p
-# 2.60-2.75 vs 1.96; one CTA per SM at 208-233 registers does not keep enough bytes in flight), so it stays off
-STATS_FOLD = os.environ.get("PSA_STATS_FOLD", "0") == "1"  # the environment: to run whole test suites folded
-STATS_QDB = 128
-FOLD_WARPS = 8
-FOLD_STAGES = 3
-FOLD_CTAS_PER_SM = 1
-FOLD_MIN_WAVES = 2  # at least this many waves of H-sum programs where 64 partials per head allow it
-# STATS_TC: q-bar / q^2 (STATS_FOLD) and drop's q-bar / k-bar by stats2._qk_sums_tc_kernel: column sums as
-# ones x tile on tensor cores, STATS_TC_BLOCKS blocks per program in a loop whose loads the pipeliner stages
-# (STATS_TC_STAGES deep; plain tl.sum programs get no cp.async). Not for the split pwt / pisa kernel (k, v stats)
-# H200 (bench/results/pieces_h200.md, session 4): drop's statistics 0.253 -> 0.183 ms at Wan2.1-14B 480p, 0.569 ->
-# 0.398 at 720p with 64 columns; folded pisa / pwt measured slower (1.16-1.92 vs 0.85 ms), so only drop uses it
+# STATS_TC: drop's q-bar / k-bar by stats2._qk_sums_tc_kernel: column sums as ones x tile on tensor cores,
+# STATS_TC_BLOCKS blocks per program in a loop whose loads the pipeliner stages (STATS_TC_STAGES deep; plain
+# tl.sum programs get no cp.async). H200 (bench/results/pieces_h200.md, session 4): 0.253 -> 0.183 ms at
+# Wan2.1-14B 480p, 0.569 -> 0.398 at 720p with 64 columns; for pisa / pwt (with the key / value statistics folded
+# into the H-sum pass) it measured slower (1.16-2.24 vs 0.85 ms), so only drop uses it
 STATS_TC = os.environ.get("PSA_STATS_TC", "1") == "1"
 STATS_TC_BLOCKS = 8
 STATS_TC_STAGES = 3
@@ -301,30 +271,10 @@ def stats_blocks_per_program(n: int, programs_per_block: int, device=None) -> in
 
 def blocks_per_program(n: int, bh: int, device=None, per_sm: int | None = None) -> int:
     """G blocks per H-sum program: about `per_sm` programs per SM over all (batch, head) pairs, at least
-    4 blocks each and at most 64 partials of H per head (P = ceil(N / G)). With STATS_FOLD: fold_blocks."""
+    4 blocks each and at most 64 partials of H per head (P = ceil(N / G))."""
     n_sm = _n_sm(device) if device is not None else 132
-    if STATS_FOLD and per_sm is None:
-        return fold_blocks(n, bh, n_sm)
     per_sm = HSUM_CTAS_PER_SM if per_sm is None else per_sm
     return max(4, math.ceil(n / 64), math.ceil(n * bh / (per_sm * n_sm)))
-
-
-def fold_blocks(n: int, bh: int, n_sm: int, d: int = 128, bs: int = 64) -> int:
-    """G for stats2._kv_hsum_kernel: the P = ceil(N / G) <= 64 partials per head that minimise the modelled time
-    waves x (G + 3) x (bytes of one block's K, V) + (bytes of the partials read back by the routing) / SMs, where
-    waves = ceil(bh P / (FOLD_CTAS_PER_SM n_sm)) and the 3 blocks are a program's pipeline fill and its [D, D]
-    float32 partial store (one wave of 2.1 costs three: 280 programs of 78 blocks at Wan 480p would lose ~30% to
-    the last wave; 13 partials per head fill 4 waves), over P giving at least FOLD_MIN_WAVES waves."""
-    slots = max(1, FOLD_CTAS_PER_SM * n_sm)
-    best = None
-    p_min = min(max(1, -(-FOLD_MIN_WAVES * slots // bh)), 64, n)
-    for p in range(p_min, min(64, n) + 1):
-        g = max(1, -(-n // p))
-        p = -(-n // g)
-        cost = -(-bh * p // slots) * (g + 3) * bs * d * 4 + bh * p * d * d * 4 / n_sm
-        if best is None or cost < best[0]:
-            best = (cost, g)
-    return best[1]
 
 
 def block_stats(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None, need_pwt: bool | None = None,
@@ -369,40 +319,30 @@ def block_stats(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None,
         g_args = (qg, kg, vg, qg.stride(0), qg.stride(1), qg.stride(2))
     else:
         g_args = (q, k, v, 0, 0, 0)
-    fold = STATS_FOLD and need_h and need_v
-    db = min(STATS_QDB if fold else STATS_DB, D)
+    db = min(STATS_DB, D)
     nsplit = D // db
-    fin = torch.empty(B, HC, n, nsplit, device=dev, dtype=torch.int32) if need_h and not fold else None
-    gs = stats_blocks_per_program(n, B * HC * nsplit, dev)
-    tc = STATS_TC and (fold or (not need_v and not need_pwt and gathered is None))
-    if tc:
+    fin = torch.empty(B, HC, n, nsplit, device=dev, dtype=torch.int32) if need_h else None
+    if STATS_TC and not need_v and not need_pwt and gathered is None:  # drop: q-bar, k-bar on tensor cores
         db = min(STATS_TC_DB, D)
         gs = max(1, min(STATS_TC_BLOCKS, n))
         _qk_sums_tc_kernel[(triton.cdiv(n, gs) * (D // db), HC, B)](
-            q, k, pm, qbar, q2 if need_pwt else dummy, kbar, g_args[0], *strides[:3], *strides[3:6], *g_args[3:],
-            HC, T, n, gs, D=D, DB=db, BS=bs, NEED_PWT=need_pwt, NEED_K=not fold, HAS_PERM=perm is not None,
-            GATHER=gathered is not None, LOWP=q.dtype in (torch.bfloat16, torch.float16), STAGES=STATS_TC_STAGES,
+            q, k, pm, qbar, kbar, *strides[:6], HC, T, n, gs, D=D, DB=db, BS=bs, HAS_PERM=perm is not None,
+            LOWP=q.dtype in (torch.bfloat16, torch.float16), STAGES=STATS_TC_STAGES,
             num_warps=STATS_TC_WARPS, num_stages=STATS_TC_STAGES,
         )
     else:
+        gs = stats_blocks_per_program(n, B * HC * nsplit, dev)
         _block_stats_kernel[(triton.cdiv(n, gs) * nsplit, HC, B)](
             q, k, v, pm, kbar, kbar_lp if need_v else dummy, vmean_lp if need_v else dummy,
-            ksig2 if need_pwt else dummy, qbar, q2 if need_pwt else dummy, fin if fin is not None else dummy,
-            *g_args[:3], *strides, *g_args[3:], HC, T, n, gs, D=D, DB=db, BS=bs, NEED_PWT=need_pwt,
-            NEED_V=need_v and not fold, NEED_FIN=fin is not None, HAS_PERM=perm is not None, PREFETCH=STATS_PREFETCH,
-            GATHER=gathered is not None, NEED_K=not fold, num_warps=STATS_WARPS,
-        )
-    if fold:  # keys and values: their statistics, block-order copies and the H partials in one read
-        _kv_hsum_kernel[(npart, HC, B)](
-            k, v, pm, kbar, kbar_lp, vmean_lp, ksig2 if need_pwt else dummy, *g_args[1:3], hpart,
-            *strides[3:], *g_args[3:], HC, T, n, g, npart, D=D, BS=bs, NEED_PWT=need_pwt,
-            HAS_PERM=perm is not None, GATHER=gathered is not None, H_DOT=h_dot, STAGES=FOLD_STAGES,
-            num_warps=FOLD_WARPS if D >= 128 else 4, num_stages=FOLD_STAGES,
+            ksig2 if need_pwt else dummy, qbar, q2 if need_pwt else dummy, fin if need_h else dummy, *g_args[:3],
+            *strides, *g_args[3:], HC, T, n, gs, D=D, DB=db, BS=bs, NEED_PWT=need_pwt, NEED_V=need_v,
+            NEED_FIN=need_h, HAS_PERM=perm is not None, PREFETCH=STATS_PREFETCH, GATHER=gathered is not None,
+            num_warps=STATS_WARPS,
         )
     if gathered is not None:  # the H pass (and the norms) read the gathered copies in block order
         k, v, perm, pm = kg, vg, None, dummy
         strides = (0, 0, 0, k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2))
-    if need_h and not fold:
+    if need_h:
         _hsum_kernel[(npart, HC, B)](
             k, v, pm, kbar, fin, hpart, *strides[3:], HC, T, n, g, npart, D=D, BS=bs, NSPLIT=nsplit,
             HAS_PERM=perm is not None, H_DOT=h_dot, num_warps=8 if D >= 128 else 4, num_stages=3,
