@@ -32,6 +32,7 @@ except ImportError:  # older Triton
 
 from ..config import SparseConfig
 from ..routing import forced_mask
+from .select import _count_ge3, _two_bits
 
 log = logging.getLogger("piecewise_sparse_attention")
 
@@ -157,14 +158,7 @@ def _select_kernel(
         c1 = b_t | one
         c2 = b_t | (one << 1)
         c3 = c2 | one
-        packed = ((b_key >= c1[:, None]).to(tl.int64) + ((b_key >= c2[:, None]).to(tl.int64) << 16)
-                  + ((b_key >= c3[:, None]).to(tl.int64) << 32))
-        s_n = tl.sum(packed, axis=1)
-        n1 = (s_n & 0xFFFF).to(tl.int32)
-        n2 = ((s_n >> 16) & 0xFFFF).to(tl.int32)
-        n3 = (s_n >> 32).to(tl.int32)
-        b_t = tl.where(n3 >= k_i, c3, tl.where(n2 >= k_i, c2, tl.where(n1 >= k_i, c1, b_t)))
-        b_n = tl.where(n3 >= k_i, n3, tl.where(n2 >= k_i, n2, tl.where(n1 >= k_i, n1, b_n)))
+        b_t, b_n = _two_bits(_count_ge3(b_key, c1, c2, c3), b_t, b_n, c1, c2, c3, k_i)
         todo = tl.max((b_n != k_i).to(tl.int32), axis=0)
         bit -= 2
     m_ij = m_i[:, None] & (o_j < N)[None, :]

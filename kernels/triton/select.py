@@ -47,6 +47,18 @@ def _count_ge3(b_key, c1, c2, c3):
 
 
 @triton.jit
+def _two_bits(s_n, b_t, b_n, c1, c2, c3, k_i):
+    """One two-bits-per-step search update: the highest of the thresholds c1 < c2 < c3 whose count (packed in s_n
+    by _count_ge3) still reaches K_i becomes the row's threshold; returns (threshold, its count)."""
+    n1 = (s_n & 0xFFFF).to(tl.int32)
+    n2 = ((s_n >> 16) & 0xFFFF).to(tl.int32)
+    n3 = (s_n >> 32).to(tl.int32)
+    b_t = tl.where(n3 >= k_i, c3, tl.where(n2 >= k_i, c2, tl.where(n1 >= k_i, c1, b_t)))
+    b_n = tl.where(n3 >= k_i, n3, tl.where(n2 >= k_i, n2, tl.where(n1 >= k_i, n1, b_n)))
+    return b_t, b_n
+
+
+@triton.jit
 def _piece_store(IDX, VBIAS, i_bh, o_i, m_i, N, NSEL, sel, base, J0: tl.constexpr, NJ: tl.constexpr):
     o_j = J0 + tl.arange(0, NJ)
     pos = tl.cumsum(sel.to(tl.int32), axis=1) - 1 + base[:, None]
@@ -103,11 +115,7 @@ def _select_pieces_kernel(
             s_n = _count_ge3(k_a, c1, c2, c3)
             if NB > 0:
                 s_n += _count_ge3(k_b, c1, c2, c3)
-            n1 = (s_n & 0xFFFF).to(tl.int32)
-            n2 = ((s_n >> 16) & 0xFFFF).to(tl.int32)
-            n3 = (s_n >> 32).to(tl.int32)
-            b_t = tl.where(n3 >= k_i, c3, tl.where(n2 >= k_i, c2, tl.where(n1 >= k_i, c1, b_t)))
-            b_n = tl.where(n3 >= k_i, n3, tl.where(n2 >= k_i, n2, tl.where(n1 >= k_i, n1, b_n)))
+            b_t, b_n = _two_bits(s_n, b_t, b_n, c1, c2, c3, k_i)
             todo = tl.max((b_n != k_i).to(tl.int32), axis=0)
             bit -= 2
     # the chosen set: keys > t, and of the keys == t (real columns only: padding has key 0) the lowest ids
