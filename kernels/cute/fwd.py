@@ -438,10 +438,6 @@ def _cute(x: torch.Tensor, align: int = 16):
     return from_dlpack(x.detach(), assumed_align=align).mark_layout_dynamic(leading_dim=x.dim() - 1)
 
 
-def _q_rs() -> bool:
-    return _env_flag("PSA_CUTE_QRS", Q_RS)
-
-
 def _env_flag(name: str, default: bool) -> bool:
     env = os.environ.get(name)
     return default if env is None else env.strip() not in ("0", "", "false", "False")
@@ -460,7 +456,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
         if not aligned16(x):
             raise ValueError(f"cute backend: {name} needs 16-byte aligned strides and base (TMA)")
     stages = kv_stages or int(os.environ.get("PSA_CUTE_STAGES", "4"))
-    q_rs = _q_rs() if q_rs is None else bool(q_rs)
+    q_rs = _env_flag("PSA_CUTE_QRS", Q_RS) if q_rs is None else bool(q_rs)
     bias_l2 = approx and (_env_flag("PSA_CUTE_BIAS_L2", BIAS_L2) if bias_l2 is None else bool(bias_l2))
     if approx:
         kb, vm, hb = st.kbar_lp, st.vmean_lp, st.hbar_lp

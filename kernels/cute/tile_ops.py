@@ -70,15 +70,14 @@ class TileOps:
             if is_virtual:
                 for e in cutlass.range_constexpr(cute.size(acc_s)):
                     acc_s[e] = acc_s[e] * scale_log2 + bias[self._col_slot_e(e)]
-                self._online_softmax([acc_s], acc_o, row_max, row_sum, row_g, scale_log2, True,
-                                     lambda h, e: cnt[self._col_slot_e(e)], alpha, rescale_o)
+                self._online_softmax(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, True, cnt, alpha, rescale_o)
             else:
                 self._mask_tail(acc_s, tScS, is_tail, rem)
-                self._online_softmax([acc_s], acc_o, row_max, row_sum, row_g, scale_log2, False, None, alpha,
+                self._online_softmax(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, False, None, alpha,
                                      rescale_o)
         else:
             self._mask_tail(acc_s, tScS, is_tail, rem)
-            self._online_softmax([acc_s], acc_o, row_max, row_sum, row_g, scale_log2, False, None, alpha, rescale_o)
+            self._online_softmax(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, False, None, alpha, rescale_o)
 
     def _col_slot_e(self, e: int) -> int:
         return (e % 2) + 2 * (e // 4)
@@ -106,11 +105,10 @@ class TileOps:
         return cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=2))
 
     @cute.jit
-    def _online_softmax(self, accs, acc_o, row_max, row_sum, row_g, scale_log2, virtual: cutlass.Constexpr,
-                        cnt_of, alpha, rescale_o: cutlass.Constexpr):
-        """`accs` (a list of one or two S tiles of one step) hold raw scores (exact tiles) or log2-unit logits
-        (virtual tiles); on return they hold P (times the token counts for virtual tiles: cnt_of(h, e) of
-        element e of tile h) and `alpha` the per-row rescale of the old mass. Rescales the running sums now,
+    def _online_softmax(self, acc_s, acc_o, row_max, row_sum, row_g, scale_log2, virtual: cutlass.Constexpr,
+                        cnt, alpha, rescale_o: cutlass.Constexpr):
+        """acc_s holds raw scores (exact tile) or log2-unit logits (virtual tile); on return it holds P (times
+        the token counts for virtual tiles: cnt, per column slot) and `alpha` the per-row rescale of the old mass. Rescales the running sums now,
         and the output accumulator now or (rescale_o=False: a P V product still in flight on the tensor
         cores) later through `_rescale_o`."""
         n_rows = 2
@@ -123,17 +121,15 @@ class TileOps:
             raw_max = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
             for r in cutlass.range_constexpr(n_rows):
                 raw_max[r] = -cutlass.Float32.inf
-            for acc_s in accs:
-                for e in cutlass.range_constexpr(cute.size(acc_s)):
-                    r = self._row_slot_e(e)
-                    raw_max[r] = cute.arch.fmax(raw_max[r], acc_s[e])
+            for e in cutlass.range_constexpr(cute.size(acc_s)):
+                r = self._row_slot_e(e)
+                raw_max[r] = cute.arch.fmax(raw_max[r], acc_s[e])
             for r in cutlass.range_constexpr(n_rows):
                 new_max[r] = cute.arch.fmax(new_max[r], raw_max[r] * scale_log2)
         else:
-            for acc_s in accs:
-                for e in cutlass.range_constexpr(cute.size(acc_s)):
-                    r = self._row_slot_e(e)
-                    new_max[r] = cute.arch.fmax(new_max[r], acc_s[e])
+            for e in cutlass.range_constexpr(cute.size(acc_s)):
+                r = self._row_slot_e(e)
+                new_max[r] = cute.arch.fmax(new_max[r], acc_s[e])
         for r in cutlass.range_constexpr(n_rows):
             m = self._quad_max(new_max[r])
             m_use = m
@@ -147,19 +143,18 @@ class TileOps:
         for r in cutlass.range_constexpr(n_rows):
             psum[r] = 0.0
             gsum[r] = 0.0
-        for h, acc_s in enumerate(accs):
-            for e in cutlass.range_constexpr(cute.size(acc_s)):
-                r = self._row_slot_e(e)
-                if cutlass.const_expr(not virtual):
-                    p = cute.math.exp2(acc_s[e] * scale_log2 - new_max[r], fastmath=True)
-                    psum[r] = psum[r] + p
-                    acc_s[e] = p
-                else:
-                    p = cute.math.exp2(acc_s[e] - new_max[r], fastmath=True)
-                    gsum[r] = gsum[r] + p
-                    pn = p * cnt_of(h, e)
-                    psum[r] = psum[r] + pn
-                    acc_s[e] = pn
+        for e in cutlass.range_constexpr(cute.size(acc_s)):
+            r = self._row_slot_e(e)
+            if cutlass.const_expr(not virtual):
+                p = cute.math.exp2(acc_s[e] * scale_log2 - new_max[r], fastmath=True)
+                psum[r] = psum[r] + p
+                acc_s[e] = p
+            else:
+                p = cute.math.exp2(acc_s[e] - new_max[r], fastmath=True)
+                gsum[r] = gsum[r] + p
+                pn = p * cnt[self._col_slot_e(e)]
+                psum[r] = psum[r] + pn
+                acc_s[e] = pn
         for r in cutlass.range_constexpr(n_rows):
             row_sum[r] = row_sum[r] * alpha[r] + psum[r]
             if cutlass.const_expr(virtual):
