@@ -46,20 +46,16 @@ log = logging.getLogger("piecewise_sparse_attention")
 LAYOUTS = ("bshd", "sbhd", "bhsd")
 
 
+_TO_BHSD = {"bshd": (0, 2, 1, 3), "sbhd": (1, 2, 0, 3), "bhsd": (0, 1, 2, 3)}  # the permute to [B, H, S, D]
+
+
 def _to_bhsd(x: torch.Tensor, layout: str) -> torch.Tensor:
-    if layout == "bshd":
-        return x.transpose(1, 2)
-    if layout == "sbhd":
-        return x.permute(1, 2, 0, 3)
-    return x
+    return x.permute(*_TO_BHSD[layout])
 
 
 def _from_bhsd(x: torch.Tensor, layout: str) -> torch.Tensor:
-    if layout == "bshd":
-        return x.transpose(1, 2)
-    if layout == "sbhd":
-        return x.permute(2, 0, 1, 3)
-    return x
+    p = _TO_BHSD[layout]
+    return x.permute(*(p.index(d) for d in range(4)))
 
 
 def head_shard_attention(q, k, v, *, layout: str = "bshd", grid=None, n_prefix: int = 0, n_suffix: int = 0,

@@ -413,13 +413,17 @@ def _as_cuda(x):
 KW = dict(density=0.5, variant="pwt", n_sink_blocks=1, reorder="morton", grid=(8, 8), n_prefix=36)
 
 
-def test_api_fast_backend_calls_go_through_the_cache_with_morton_and_prefix(fast_api):
-    fake, cap, cache = fast_api
+def _api_calls_equal_the_reference(calls):
+    """`calls` API calls of one q, k, v through the cache, each equal to the torch reference's answer."""
     q, k, v = _qkv((1, 2, 100, 16))
     want = api.piecewise_sparse_attention(q, k, v, backend="torch", **KW)
-    outs = [api.piecewise_sparse_attention(q, k, v, **KW) for _ in range(3)]
-    for out in outs:
-        torch.testing.assert_close(out, want, rtol=0, atol=0)
+    for _ in range(calls):
+        torch.testing.assert_close(api.piecewise_sparse_attention(q, k, v, **KW), want, rtol=0, atol=0)
+
+
+def test_api_fast_backend_calls_go_through_the_cache_with_morton_and_prefix(fast_api):
+    fake, cap, cache = fast_api
+    _api_calls_equal_the_reference(3)
     assert cache.counts == {"eager": 1, "captures": 1, "replays": 1, "failures": 0, "evictions": 0, "in_place": 0}
     q2, k2, v2 = _qkv((1, 2, 100, 16), seed=3)
     torch.testing.assert_close(api.piecewise_sparse_attention(q2, k2, v2, **KW),
@@ -527,9 +531,5 @@ def test_in_place_capture_failure_keeps_the_copy_in_graph_and_logs_once(monkeypa
 def test_api_calls_at_the_same_addresses_replay_in_place(fast_api, monkeypatch):
     monkeypatch.setenv("PSA_CUDA_GRAPH_IN_PLACE", "4")
     fake, cap, cache = fast_api
-    q, k, v = _qkv((1, 2, 100, 16))
-    want = api.piecewise_sparse_attention(q, k, v, backend="torch", **KW)
-    outs = [api.piecewise_sparse_attention(q, k, v, **KW) for _ in range(5)]
-    for out in outs:
-        torch.testing.assert_close(out, want, rtol=0, atol=0)
+    _api_calls_equal_the_reference(5)
     assert cache.counts["captures"] == 2 and cache.counts["in_place"] == 2, cache.counts
