@@ -91,10 +91,12 @@ def test_compiled_module_has_no_graph_break():
 
 
 @pytest.mark.parametrize("variant", ["pwt", "pisa", "drop"])
-def test_morton_gathered_in_the_statistics_kernel_as_the_node_calls_it(variant):
-    """The default reorder (statistics kernel gathers, attention on block-order copies, one scatter into the
-    caller's [B, L, H, D] layout) against the kernels reading through the permutation and against separate
-    gather / scatter passes: Wan-like odd grid, 7-token prefix, B = 2."""
+def test_morton_gathered_in_the_statistics_kernel_as_the_node_calls_it(variant, monkeypatch):
+    """The default reorder (the statistics kernel writes block-order k, v copies; the attention reads q and
+    writes the output through the permutation, straight into the caller's [B, L, H, D] layout; in head chunks
+    when the copies are large, forced here) and the path of an attention without a permutation (q copied too,
+    one scatter) against the kernels reading everything through the permutation and against separate gather /
+    scatter passes: Wan-like odd grid, 7-token prefix, B = 2."""
     from kernels import triton as kt
     from kernels.reorder import orders_on
     grid, npre, (B, H, D) = MORTON_GRID, MORTON_PREFIX, MORTON_BHD
@@ -107,3 +109,10 @@ def test_morton_gathered_in_the_statistics_kernel_as_the_node_calls_it(variant):
     sep = kt.scatter_tokens(kt.forward(*(kt.gather_tokens(x, perm, npre) for x in (q, k, v)), cfg), perm, npre)
     assert torch.isfinite(out).all()
     assert rel(out, sep) <= 1e-3 and rel(via_attn, sep) <= 1e-3
+    monkeypatch.setattr(kt, "MORTON_FLOOR", 0)  # the copies of this small problem now split the heads in two
+    assert kt._even_chunks(H, kt._copy_heads(q, 2)) < H
+    chunked = kt.forward(q, k, v, cfg, perm=perm, n_prefix=npre)
+    from kernels.triton import fwd
+    no_perm = kt._forward_impl(q, k, v, cfg, perm=perm, n_prefix=npre,
+                               attention=lambda *a, **kw: fwd.attention(*a, **kw))
+    assert chunked.stride() == q.stride() and rel(chunked, sep) <= 1e-3 and rel(no_perm, sep) <= 1e-3

@@ -17,7 +17,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from kernels.triton import bwd, fwd, select, stats2  # noqa: E402
+from kernels.triton import bwd, fwd, select, stats, stats2  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
@@ -74,6 +74,18 @@ fwd_types = {**{n: BF for n in ("Q", "K", "V", "O", "KBAR", "VMEAN", "HBAR", "KD
 compile_one("fwd_pwt_store_lse", fwd._psa_fwd_kernel, fwd_types,
             dict(common, BLOCK_N=64, BLOCK_V=64, APPROX=True, HAS_PERM=False, USE_TMA=False, HAS_HSCALE=False,
                  STORE_LSE=True), 4, 2)
+# the Morton path as the node runs it on SM90: q rows read and output rows written through the permutation, k and v
+# block-order copies through TMA descriptors (KV_PERM=False)
+tma_types = {**fwd_types, "KD": "tensordesc<bf16[1,1,64,128]>", "VD": "tensordesc<bf16[1,1,64,128]>"}
+compile_one("fwd_pwt_morton_qo_perm_tma", fwd._psa_fwd_kernel, tma_types,
+            dict(common, BLOCK_N=64, BLOCK_V=64, APPROX=True, HAS_PERM=True, USE_TMA=True, HAS_HSCALE=False,
+                 KV_PERM=False), 4, 2)
+# ... and the statistics kernel that writes those k, v copies (no q copy)
+compile_one("stats_pwt_gather_kv", stats._block_stats_kernel,
+            {**{n: BF for n in ("Q", "K", "V", "KBAR_LP", "VMEAN_LP", "QG", "KG", "VG")},
+             **{n: F32 for n in ("KBAR", "KSIG2", "QBAR", "Q2")}, "FIN": I32, "PERM": I32},
+            dict(D=128, DB=64, BS=64, NEED_PWT=True, NEED_V=True, NEED_FIN=True, HAS_PERM=True, PREFETCH=False,
+                 GATHER=True, GATHER_Q=False), 4, 1)
 # the routing select kernel at Wan2.1-14B 720p (a row in two pieces) and 480p (one piece), one warp
 sel_types = {"SCORE": F32, "IDX": I32, "VBIAS": "*fp16"}
 compile_one("select_pieces_1024_256", select._select_pieces_kernel, sel_types,

@@ -412,6 +412,76 @@ def _():
     return out
 
 
+class _BigAllocs(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the bytes of every tensor of at least `floor` bytes that kernels/triton/__init__.py allocates
+    itself (torch.empty / empty_like called there; the interpreter's own copies are not counted)."""
+
+    def __init__(self, floor):
+        super().__init__()
+        self.floor, self.sizes = floor, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.__name__.startswith("empty") and isinstance(out, torch.Tensor):
+            nbytes = out.numel() * out.element_size()
+            f = sys._getframe(1)
+            while f is not None and "/torch/" in f.f_code.co_filename:
+                f = f.f_back
+            if nbytes >= self.floor and f is not None and f.f_code.co_filename.endswith(
+                    os.path.join("kernels", "triton", "__init__.py")):
+                self.sizes.append(nbytes)
+        return out
+
+
+@case("morton_copies_chunked_under_their_budget")
+def _():
+    # the node's layout ([B, L, H, D] seen as [B, H, L, D]), B = 2, H = 4, a 5-token prefix: the Triton attention
+    # reads q and writes the output through the permutation; only k, v are copied, in head chunks whose copies
+    # stay under PSA_MORTON_SCRATCH x q (MORTON_FLOOR lowered so that this tiny problem chunks)
+    grid, npre = (3, 8, 8), 5
+    T = npre + math.prod(grid)
+    q, k, v = (rnd(2, T, 4, 64, seed=130 + s).transpose(1, 2) for s in range(3))
+    q_bytes = q.numel() * q.element_size()
+    perm, inv = orders_on(grid, "cpu")
+    out, floor0, env0 = {}, kt.MORTON_FLOOR, os.environ.get("PSA_MORTON_SCRATCH")
+    try:
+        kt.MORTON_FLOOR = 0
+        for var in ("pwt", "drop"):
+            c = cfg_of(64, 0.4, var, band=0, sinks=1)
+            sep = kt.gather_tokens(kt.forward(*(kt.gather_tokens(x.contiguous(), perm, npre) for x in (q, k, v)),
+                                              c), inv, npre)
+            for frac in ("0", "1", "0.25"):
+                os.environ["PSA_MORTON_SCRATCH"] = frac
+                mode = _BigAllocs(q_bytes // 4)
+                with mode:
+                    o = kt._forward_impl(q, k, v, c, perm=perm, n_prefix=npre)
+                out[f"{var}_frac{frac}"] = {
+                    "maxdiff_vs_separate": float((o - sep).abs().max()), "keeps_layout": o.stride() == q.stride(),
+                    "allocs_in_q": sorted(n / q_bytes for n in mode.sizes),
+                    "hc": kt._even_chunks(4, kt._copy_heads(q, 2))}
+            # an attention that takes no permutation (CuTe's): q copied too, block-order output scattered back
+            os.environ["PSA_MORTON_SCRATCH"] = "1"
+            mode = _BigAllocs(q_bytes // 4)
+            with mode:
+                o = kt._forward_impl(q, k, v, c, perm=perm, n_prefix=npre,
+                                     attention=lambda *a, **kw: fwd.attention(*a, **kw))
+            out[f"{var}_no_perm_attention"] = {"maxdiff_vs_separate": float((o - sep).abs().max()),
+                                               "allocs_in_q": sorted(n / q_bytes for n in mode.sizes)}
+    finally:
+        kt.MORTON_FLOOR = floor0
+        if env0 is None:
+            os.environ.pop("PSA_MORTON_SCRATCH", None)
+        else:
+            os.environ["PSA_MORTON_SCRATCH"] = env0
+    # real sizes with the real floor: Wan2.1-14B 480p / 720p (40 heads) two chunks, Wan2.1-1.3B 480p and FLUX.1
+    # 1024^2 one (their copies fit MORTON_FLOOR)
+    meta = lambda B, H, T, D: torch.empty(B, H, T, D, dtype=torch.bfloat16, device="meta")  # noqa: E731
+    out["real_hc"] = {name: kt._even_chunks(s[1], kt._copy_heads(meta(*s), 2, 1.0)) for name, s in
+                      (("wan14_480p", (1, 40, 32760, 128)), ("wan14_720p", (1, 40, 75600, 128)),
+                       ("wan13_480p", (1, 12, 32760, 128)), ("flux_1024", (1, 24, 4608, 128)))}
+    return out
+
+
 @case("custom_op_opcheck")
 def _():
     q, k, v = (rnd(1, 1, 64, 64, seed=90 + s) for s in range(3))

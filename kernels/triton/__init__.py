@@ -7,7 +7,8 @@ implementation (no graph break under torch.compile) -> `forward(q, k, v, cfg)` f
 Nothing here recompiles per shape: T, N, K (so density) are runtime arguments; the compile/autotune key is
 (dtype, head_dim, variant family, fused reorder or not). Scratch (statistics, routing, bias rows) is kept
 under `PSA_TRITON_SCRATCH` x the bytes of q (default 0.5) by processing the heads in chunks; the routing's
-float32 scores take at most score_budget() more.
+float32 scores take at most score_budget() more. With a Morton permutation the statistics kernel also writes
+block-order copies of k and v, kept under `PSA_MORTON_SCRATCH` x q (default 1) the same way (_forward_gathered).
 """
 from __future__ import annotations
 
@@ -156,7 +157,7 @@ def _forward_impl(q, k, v, cfg: SparseConfig, **kw):
 
 
 # how a `perm` reaches the kernels: "stats" (the statistics kernel reads q, k, v through it and writes block-order
-# copies that routing and attention read; the output is scattered back into the caller's layout in one pass) or
+# copies of k and v that routing and attention read; the attention reads q and writes the output through it) or
 # "attention" (every kernel reads and writes rows through it: no copies, but no TMA and gathered K/V tile loads;
 # measured 26% slower than the separate gather at Wan2.1-14B 480p, bench/results/h200.md)
 REORDER_IN = "stats"
@@ -171,13 +172,14 @@ def _forward_heads(q, k, v, cfg: SparseConfig, *, routing=None, perm=None, n_pre
     `attention(q, k, v, out, st, idx, vbias, cfg)` runs the attention of one head chunk (default this
     backend's fused kernel); the CuTe backend passes its own, so statistics, routing and the head chunking
     stay one code path. `perm` and `config` reach it only when given (the CuTe kernel takes neither)."""
+    own_attention = attention is None
     attention = _fwd.attention if attention is None else attention
     q, k, v = _contig_last(q), _contig_last(k), _contig_last(v)
     B, H, T, D = q.shape
     n = -(-T // cfg.block_size)
     fperm = _full_perm(perm, n_prefix, T, q.device) if perm is not None else None
     if fperm is not None and routing is None and (reorder_in or REORDER_IN) == "stats":
-        return _forward_gathered(q, k, v, cfg, perm, fperm, n_prefix, config, scratch, attention)
+        return _forward_gathered(q, k, v, cfg, perm, fperm, n_prefix, config, scratch, attention, own_attention)
     out = _output_like(q)
     hc, score_bytes = _chunking(q, cfg, routing.idx.shape[-1] if routing is not None else None, scratch)
     for h0 in range(0, H, hc):
@@ -223,18 +225,64 @@ def _output_like(q):
     return out if out.stride(-1) == 1 else torch.empty(q.shape, device=q.device, dtype=q.dtype)
 
 
-def _forward_gathered(q, k, v, cfg, perm, fperm, n_prefix, config, scratch, attention):
-    """_forward_heads with the Morton gather inside the statistics kernel: per head chunk it reads q, k, v
-    through `fperm` once and writes block-order copies (one [B, H, T, D] buffer each, allocated here), routing
-    and attention then run on those as on unpermuted inputs, and one scatter writes the output back into
-    a new output in the caller's layout (a [B, L, H, D] caller's view needs no further copy). Scratch: 4x q's
-    bytes + the statistics (the block-order output has its own buffer: writing it over the gathered q corrupts q
-    whenever a kernel runs more than once on the same arguments, as Triton's autotuner does on a new key)."""
+def _morton_fraction() -> float:
+    try:
+        return float(os.environ.get("PSA_MORTON_SCRATCH", "1.0"))
+    except ValueError:
+        return 1.0
+
+
+MORTON_FLOOR = 256 * 2**20  # copies this small never split the heads: there launches, not memory, cost
+
+
+def _copy_heads(q, n_copies: int, frac: float | None = None) -> int:
+    """Heads per chunk so that `n_copies` block-order [B, hc, T, D] copies stay under max(frac x bytes(q),
+    MORTON_FLOOR) (frac: PSA_MORTON_SCRATCH, default 1; 0 or less: never split)."""
     B, H, T, D = q.shape
-    g = torch.empty((3, B, H, T, D), device=q.device, dtype=q.dtype)
-    og = torch.empty((B, H, T, D), device=q.device, dtype=q.dtype)
+    frac = _morton_fraction() if frac is None else frac
+    per_head = n_copies * B * T * D * q.element_size()
+    if frac <= 0 or per_head * H <= MORTON_FLOOR:
+        return H
+    return max(1, min(H, int(max(frac * per_head * H / n_copies, MORTON_FLOOR) // per_head)))
+
+
+def _even_chunks(H: int, hc: int) -> int:
+    n_chunks = -(-H // max(1, hc))
+    return -(-H // n_chunks)
+
+
+def _forward_gathered(q, k, v, cfg, perm, fperm, n_prefix, config, scratch, attention, own_attention):
+    """_forward_heads with the Morton gather inside the statistics kernel: per head chunk it reads q, k, v
+    through `fperm` once and writes block-order copies of k and v; routing and attention run in block order.
+
+    This backend's attention (`own_attention`) reads the query rows and writes the output rows through `fperm`
+    itself (its query tile is one load per program, never TMA), so q is not copied and the output lands in
+    the caller's layout (a [B, L, H, D] caller's view needs no further copy) without a scatter pass; the k, v
+    copies keep their TMA loads. Scratch: 2 x hc / H x q's bytes for the copies, the heads chunked so that
+    stays under PSA_MORTON_SCRATCH x q (default 1; copies up to MORTON_FLOOR in one chunk) + the statistics.
+
+    An attention that takes no permutation (CuTe's) gets q copied too and writes a block-order output that one
+    scatter puts into the caller's layout: 4x q's bytes + the statistics, one chunk unless the statistics
+    budget splits the heads (the block-order output has its own buffer: writing it over the gathered q
+    corrupts q whenever a kernel runs more than once on the same arguments, as Triton's autotuner does)."""
+    B, H, T, D = q.shape
     hc, score_bytes = _chunking(q, cfg, None, scratch)
     kw = {} if config is None else {"config": config}
+    if own_attention:
+        hc = _even_chunks(H, min(hc, _copy_heads(q, 2)))
+        out = _output_like(q)
+        kvg = torch.empty((2, B, hc, T, D), device=q.device, dtype=q.dtype)
+        for h0 in range(0, H, hc):
+            h1 = min(H, h0 + hc)
+            kg, vg = kvg[0, :, :h1 - h0], kvg[1, :, :h1 - h0]
+            st = _stats.block_stats(q[:, h0:h1], k[:, h0:h1], v[:, h0:h1], cfg, perm=fperm,
+                                    gathered=(None, kg, vg))
+            idx, vbias = _stats.route(st, cfg, q.dtype, score_bytes=score_bytes)
+            attention(q[:, h0:h1], kg, vg, out[:, h0:h1], st, idx, vbias, cfg, perm=fperm, kv_perm=False, **kw)
+            del st, idx, vbias, kg, vg
+        return out
+    g = torch.empty((3, B, H, T, D), device=q.device, dtype=q.dtype)
+    og = torch.empty((B, H, T, D), device=q.device, dtype=q.dtype)
     for h0 in range(0, H, hc):
         h1 = min(H, h0 + hc)
         qg, kg, vg, oc = g[0, :, h0:h1], g[1, :, h0:h1], g[2, :, h0:h1], og[:, h0:h1]

@@ -55,7 +55,7 @@ def _psa_fwd_kernel(
     HC, T, N, NSEL, N_VIRT, qk_scale, scale, out_max,
     D: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
     APPROX: tl.constexpr, HAS_PERM: tl.constexpr, USE_TMA: tl.constexpr, HAS_HSCALE: tl.constexpr,
-    STORE_LSE: tl.constexpr = False,
+    STORE_LSE: tl.constexpr = False, KV_PERM: tl.constexpr = True,
 ):
     LOG2E: tl.constexpr = 1.4426950408889634
     i_m, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -105,7 +105,7 @@ def _psa_fwd_kernel(
             b_j = tl.load(p_idx + o_sel, mask=o_sel < NSEL, other=-1)  # [BLOCK_N] block id of each key row
             o_tk = b_j * BS + o_n % BS
             m_k = (b_j >= 0) & (o_tk < T)
-            if HAS_PERM:
+            if HAS_PERM and KV_PERM:
                 o_rk = tl.load(PERM + o_tk, mask=m_k, other=0).to(tl.int64)
             else:
                 o_rk = o_tk.to(tl.int64)
@@ -160,11 +160,17 @@ def _psa_fwd_kernel(
     # non-finite contract: a finite result beyond the output dtype's range saturates instead of becoming inf
     b_o = tl.where((b_o > out_max) & (b_o < float("inf")), out_max, b_o)
     b_o = tl.where((b_o < -out_max) & (b_o > float("-inf")), -out_max, b_o)
-    tl.store(O + i_b * so_b + i_h * so_h + o_rq[:, None] * so_t + o_d[None, :],
+    if HAS_PERM:
+        # the output rows through the permutation again: read anew (volatile: not merged with the first read,
+        # whose 64 row offsets would otherwise stay live in registers through the whole loop, and spill)
+        o_ro = tl.load(PERM + o_tq, mask=m_tq, other=0, volatile=True).to(tl.int64)
+    else:
+        o_ro = o_tq.to(tl.int64)
+    tl.store(O + i_b * so_b + i_h * so_h + o_ro[:, None] * so_t + o_d[None, :],
              b_o.to(O.dtype.element_ty), mask=m_tq[:, None])
 
 
-_KEY = ["D", "APPROX", "HAS_PERM", "HAS_HSCALE"]  # + the dtypes of the tensor arguments (Triton adds them)
+_KEY = ["D", "APPROX", "HAS_PERM", "HAS_HSCALE", "KV_PERM"]  # + the dtypes of the tensor arguments (Triton adds them)
 # One autotuner per (GPU architecture, TMA or not): a tuner's cache has no device in its key, and a config tuned
 # on one architecture need not fit another's shared memory (several GPUs of one process, e.g. ComfyUI's
 # MultiGPU CFG split). A tuner keeps the arguments of the launch in flight on itself (triton's Autotuner.nargs,
@@ -239,9 +245,13 @@ def _tma_ok(device) -> bool:
     return _tma_state[key]
 
 
-def attention(q, k, v, out, st, idx, vbias, cfg, *, perm=None, config: dict | None = None, lse=None):
+def attention(q, k, v, out, st, idx, vbias, cfg, *, perm=None, config: dict | None = None, lse=None,
+              kv_perm: bool = True):
     """Launch the fused kernel on [B, HC, T, D] views (unit last stride). `config` pins a tile config
     (BLOCK_N, BLOCK_V, USE_TMA, num_warps, num_stages) instead of the autotuned one (tests, the tile sweep).
+    `perm` (block-order position -> row): the query rows are read and the output rows written through it, and
+    (kv_perm, default) the key / value rows too; kv_perm=False is for k, v already in block order (the Morton
+    path's copies), which keeps their TMA loads.
     `lse`: optional contiguous float32 [B, HC, T] that receives log2 of each row's softmax denominator (the
     backward's row statistics; rows in token order, so not with `perm`)."""
     B, HC, T, D = q.shape
@@ -254,8 +264,9 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, perm=None, config: dict | No
     n_virt = n if (approx and cfg.budget(n) < n) else 0
     if approx:
         assert vbias.stride(0) == HC * vbias.stride(1) and vbias.stride(-1) == 1
+    kv_perm = perm is not None and bool(kv_perm)
     want_tma = config["USE_TMA"] if config is not None else (
-        perm is None and tma_aligned(k) and tma_aligned(v) and _tma_ok(q.device))
+        not kv_perm and tma_aligned(k) and tma_aligned(v) and _tma_ok(q.device))
     kd, vd = _descs(q, k, v, bs) if want_tma else (k, v)
     dummy = idx
     hscale = getattr(st, "hbar_scale", None) if approx else None
@@ -271,7 +282,8 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, perm=None, config: dict | No
         float(torch.finfo(out.dtype).max),
     )
     grid = (n, HC, B)
-    meta = dict(D=D, BS=bs, APPROX=approx, HAS_PERM=perm is not None, HAS_HSCALE=hscale is not None)
+    meta = dict(D=D, BS=bs, APPROX=approx, HAS_PERM=perm is not None, HAS_HSCALE=hscale is not None,
+                KV_PERM=kv_perm)
     if lse is not None:
         assert perm is None and lse.is_contiguous() and lse.shape == (B, HC, T) and lse.dtype == torch.float32
         meta["STORE_LSE"] = True
@@ -281,7 +293,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, perm=None, config: dict | No
                               USE_TMA=c.pop("USE_TMA", False), **c)
         return out
     tuner = _tuner(q.device, want_tma)
-    key = (str(q.dtype), D, approx, perm is not None, want_tma, id(tuner))
+    key = (str(q.dtype), D, approx, perm is not None, kv_perm, want_tma, id(tuner))
     with _tune_lock:
         first = key not in _seen and not _INTERPRET
         if first:

@@ -43,6 +43,7 @@ def _block_stats_kernel(
     HC, T, N, G,
     D: tl.constexpr, DB: tl.constexpr, BS: tl.constexpr, NEED_PWT: tl.constexpr, NEED_V: tl.constexpr,
     NEED_FIN: tl.constexpr, HAS_PERM: tl.constexpr, PREFETCH: tl.constexpr, GATHER: tl.constexpr,
+    GATHER_Q: tl.constexpr = True,
 ):
     """One program per (G consecutive blocks, DB of the D columns): every statistic is per column, so the D
     columns split over D // DB programs, each holding [BS, DB] tiles. Means, mean squares, centred key
@@ -50,7 +51,8 @@ def _block_stats_kernel(
     finite. With PREFETCH the next block's tiles are loaded (into registers, in the input dtype) before this
     block's reductions run, so a program always has a load in flight (Triton's pipeliner does not stage loads
     that feed reductions rather than dots). With GATHER (and PERM) the tiles read through the permutation are
-    also written, in block order, to QG / KG / VG: the Morton gather rides on the statistics' read."""
+    also written, in block order, to KG / VG (and QG with GATHER_Q): the Morton gather rides on the statistics'
+    read."""
     i_gs, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NSPLIT: tl.constexpr = D // DB
     i_g = i_gs // NSPLIT
@@ -71,7 +73,7 @@ def _block_stats_kernel(
                                         NEED_V=NEED_V or GATHER, HAS_PERM=HAS_PERM)
             _stats_write(b_q, b_k, b_v, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, FIN, QG, KG, VG, o_g, sg_t, T,
                          N, j, i_bh, i_s, o_d, D=D, NSPLIT=NSPLIT, BS=BS, NEED_PWT=NEED_PWT, NEED_V=NEED_V,
-                         NEED_FIN=NEED_FIN, GATHER=GATHER)
+                         NEED_FIN=NEED_FIN, GATHER=GATHER, GATHER_Q=GATHER_Q)
             b_q, b_k, b_v = n_q, n_k, n_v
     else:
         for j in range(j0, j1):
@@ -79,7 +81,7 @@ def _block_stats_kernel(
                                         NEED_V=NEED_V or GATHER, HAS_PERM=HAS_PERM)
             _stats_write(b_q, b_k, b_v, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, FIN, QG, KG, VG, o_g, sg_t, T,
                          N, j, i_bh, i_s, o_d, D=D, NSPLIT=NSPLIT, BS=BS, NEED_PWT=NEED_PWT, NEED_V=NEED_V,
-                         NEED_FIN=NEED_FIN, GATHER=GATHER)
+                         NEED_FIN=NEED_FIN, GATHER=GATHER, GATHER_Q=GATHER_Q)
 
 
 @triton.jit
@@ -104,14 +106,15 @@ def _stats_load(p_q, p_k, p_v, PERM, sq_t, sk_t, sv_t, T, j, ok, o_d, BS: tl.con
 @triton.jit
 def _stats_write(b_q, b_k, b_v, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, FIN, QG, KG, VG, o_g, sg_t, T, N, j,
                  i_bh, i_s, o_d, D: tl.constexpr, NSPLIT: tl.constexpr, BS: tl.constexpr, NEED_PWT: tl.constexpr,
-                 NEED_V: tl.constexpr, NEED_FIN: tl.constexpr, GATHER: tl.constexpr):
+                 NEED_V: tl.constexpr, NEED_FIN: tl.constexpr, GATHER: tl.constexpr, GATHER_Q: tl.constexpr):
     """Block j's statistics from its tiles (real token counts; padding rows are zeros); with GATHER the tiles
     themselves too, at their block-order rows."""
     o_t = j * BS + tl.arange(0, BS)
     m_t = o_t < T
     if GATHER:
         p_g = o_g + o_t.to(tl.int64)[:, None] * sg_t + o_d[None, :]
-        tl.store(QG + p_g, b_q, mask=m_t[:, None])
+        if GATHER_Q:
+            tl.store(QG + p_g, b_q, mask=m_t[:, None])
         tl.store(KG + p_g, b_k, mask=m_t[:, None])
         tl.store(VG + p_g, b_v, mask=m_t[:, None])
     cnt = tl.minimum(T - j * BS, BS).to(tl.float32)
@@ -284,7 +287,8 @@ def block_stats(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None,
     blocks, then (pisa / pwt / cov_bias) the H_j partial sums in a GEMM-like pass over K and V.
 
     gathered: with `perm`, three [B, HC, T, D] outputs (unit last stride, one set of strides) that receive q, k
-    and v in block (permuted) order; the H pass then reads them without the permutation."""
+    and v in block (permuted) order, the first may be None (q not copied: the Triton attention reads its rows
+    through the permutation); the H pass then reads the k, v copies without the permutation."""
     B, HC, T, D = q.shape
     bs = cfg.block_size
     n = -(-T // bs)
@@ -313,10 +317,11 @@ def block_stats(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None,
         if perm is None:
             raise ValueError("block_stats: gathered outputs need a perm")
         qg, kg, vg = gathered
-        if not (qg.shape == kg.shape == vg.shape == q.shape and qg.stride() == kg.stride() == vg.stride()
-                and qg.stride(-1) == 1 and qg.dtype == q.dtype):
+        if kg is None or vg is None or kg.stride(-1) != 1 or not all(
+                x is None or (x.shape == q.shape and x.stride() == kg.stride() and x.dtype == q.dtype)
+                for x in (qg, kg, vg)):
             raise ValueError("block_stats: gathered outputs must match q's shape and dtype and share strides")
-        g_args = (qg, kg, vg, qg.stride(0), qg.stride(1), qg.stride(2))
+        g_args = (kg if qg is None else qg, kg, vg, kg.stride(0), kg.stride(1), kg.stride(2))
     else:
         g_args = (q, k, v, 0, 0, 0)
     db = min(STATS_DB, D)
@@ -337,7 +342,7 @@ def block_stats(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None,
             ksig2 if need_pwt else dummy, qbar, q2 if need_pwt else dummy, fin if need_h else dummy, *g_args[:3],
             *strides, *g_args[3:], HC, T, n, gs, D=D, DB=db, BS=bs, NEED_PWT=need_pwt, NEED_V=need_v,
             NEED_FIN=need_h, HAS_PERM=perm is not None, PREFETCH=STATS_PREFETCH, GATHER=gathered is not None,
-            num_warps=STATS_WARPS,
+            GATHER_Q=gathered is not None and gathered[0] is not None, num_warps=STATS_WARPS,
         )
     if gathered is not None:  # the H pass (and the norms) read the gathered copies in block order
         k, v, perm, pm = kg, vg, None, dummy
