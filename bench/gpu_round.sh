@@ -6,9 +6,10 @@
 #   call D: carry [".carry/old"]                      command: bash bench/gpu_round.sh D
 #   call E: carry [".carry/comfy"]                    command: bash bench/gpu_round.sh E
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh) and runs the Triton-only GPU tests;
-# B unpacks the site, measures the CuTe bias-row L2 prefetch (bench/probes/bias_l2.py) and runs the CuTe and CUDA-graph
-# GPU tests with it on where it measured faster at 720p; C times every piece (bench/pieces.py) at Wan2.1-14B 480p and
-# FLUX.1 1024^2 against the kernels in .carry/old (a copy of the previous kernels as the package kernels_old), with
+# B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
+# softmax earlier, both) and runs the CuTe and CUDA-graph GPU tests with the build that measured fastest at 720p (C and
+# D then run with it too); C times every piece (bench/pieces.py) at Wan2.1-14B 480p and FLUX.1 1024^2 against the
+# kernels in .carry/old (a copy of the previous kernels as the package kernels_old), with
 # Morton and FLUX as the node calls them; D the same at 720p and re-measures the break-even table
 # (nodes/breakeven_h200.json); E the whole DiT step (bench/dit_step.py, ComfyUI's comfy/ in .carry/comfy).
 # Every result lands under $OUT; a step that runs past its timeout is cut and the next one still runs.
@@ -17,6 +18,7 @@ PHASE=${1:?usage: bash bench/gpu_round.sh A|B|C|D|E}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 . bench/install_cute_site.sh
+[ -f "$STASH/bias_env" ] && . "$STASH/bias_env"  # B's pick of the CuTe bias-load build
 log() { echo "[gpu_round $PHASE $(date -u +%H:%M:%S)] $*" | tee -a "$OUT/round.log"; }
 run_tests() {  # name, timeout, pytest args...
     local name=$1 t=$2; shift 2
@@ -35,22 +37,28 @@ B)
     python -c "import cutlass" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable: run A then B back to back"; exit 1; }
     log "bias_l2 probe"
     timeout 240 python bench/probes/bias_l2.py > "$OUT/bias_l2.txt" 2>&1
-    # on where it was faster at 720p in both rounds and not slower at 480p (both rounds' means)
-    L2=$(python - "$OUT/bias_l2.txt" <<'EOF'
+    # the build (off, l2, pf, l2pf) fastest at 720p over both rounds, if faster than off in each round there, not
+    # slower than off at 480p (both rounds' means, 1% slack) and with the same output
+    PICK=$(python - "$OUT/bias_l2.txt" <<'EOF'
 import json, sys
 lines = [ln for ln in open(sys.argv[1]) if ln.startswith("RESULT ")]
 if not lines:
-    print(0); sys.exit()
+    print("0 0"); sys.exit()
 r = json.loads(lines[0][7:])
-def mean(d, on):
-    return sum(d[f"pwt_l2{'on' if on else 'off'}_r{i}_ms"] for i in range(2)) / 2
 big, small = r["wan14_720"], r["wan14"]
-faster = all(big[f"pwt_l2on_r{i}_ms"] < big[f"pwt_l2off_r{i}_ms"] for i in range(2))
-print(int(faster and mean(small, True) <= 1.01 * mean(small, False) and big["rel_on_vs_off"] < 1e-6))
+mean = lambda d, b: sum(d[f"pwt_{b}_r{i}_ms"] for i in range(2)) / 2  # noqa: E731
+ok = [b for b in ("l2", "pf", "l2pf")
+      if all(big[f"pwt_{b}_r{i}_ms"] < big[f"pwt_off_r{i}_ms"] for i in range(2))
+      and mean(small, b) <= 1.01 * mean(small, "off") and big[f"{b}_maxdiff_vs_off"] == 0.0
+      and small[f"{b}_maxdiff_vs_off"] == 0.0]
+best = min(ok, key=lambda b: mean(big, b)) if ok else "off"
+print(int(best in ("l2", "l2pf")), int(best in ("pf", "l2pf")))
 EOF
 )
-    log "bias_l2 decision: PSA_CUTE_BIAS_L2=$L2 ($(tail -1 "$OUT/bias_l2.txt" | cut -c1-400))"
-    export PSA_CUTE_BIAS_L2=$L2
+    read -r L2 PF <<< "$PICK"
+    log "bias decision: PSA_CUTE_BIAS_L2=$L2 PSA_CUTE_BIAS_PF=$PF ($(tail -1 "$OUT/bias_l2.txt" | cut -c1-600))"
+    export PSA_CUTE_BIAS_L2=$L2 PSA_CUTE_BIAS_PF=$PF
+    echo "export PSA_CUTE_BIAS_L2=$L2 PSA_CUTE_BIAS_PF=$PF" > "$STASH/bias_env"
     run_tests cute 240 tests/test_cute_gpu.py tests/test_nonfinite.py
     run_tests graphs 120 tests/test_graphs_gpu.py
     ;;

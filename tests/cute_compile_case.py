@@ -40,8 +40,9 @@ kb = torch.zeros(B, H, n, D, dtype=torch.bfloat16)
 hb = torch.zeros(B, H, D, D, dtype=torch.bfloat16)
 vb = torch.zeros(B, H, n, n, dtype=torch.float16)
 idx = torch.zeros(B, H, n, 4, dtype=torch.int32)
-for approx, q_rs, l2 in ((False, False, False), (True, False, False), (False, True, False), (True, True, False),
-                         (True, True, True)):
+for approx, q_rs, l2, pf in ((False, False, False, False), (True, False, False, False), (False, True, False, False),
+                             (True, True, False, False), (True, True, True, False), (True, True, False, True),
+                             (True, True, True, True)):
     for f in os.listdir(dump):
         os.remove(os.path.join(dump, f))
     args = [F._cute(t) for t in (x, x, x, x, kb, kb, hb)]
@@ -49,7 +50,7 @@ for approx, q_rs, l2 in ((False, False, False), (True, False, False), (False, Tr
               F.from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3)]
     scal = [cutlass.Int32(1), cutlass.Float32(0.1), cutlass.Float32(0.1)]
     t0 = time.perf_counter()
-    fn = F.cute.compile(F.PiecewiseSparseFwdSm90(approx, 5, D, q_rs, l2), *args, *scal, cuda.CUstream(0))
+    fn = F.cute.compile(F.PiecewiseSparseFwdSm90(approx, 5, D, q_rs, l2, pf), *args, *scal, cuda.CUstream(0))
     rec = {"compiled": fn is not None, "seconds": round(time.perf_counter() - t0, 2)}
     ptx = [f for f in os.listdir(dump) if f.endswith(".ptx")]
     ptxas = shutil.which("ptxas")
@@ -64,6 +65,7 @@ for approx, q_rs, l2 in ((False, False, False), (True, False, False), (False, Tr
         rec["registers"] = int(m.group(1)) if m else None
         rec["spill_bytes"] = (int(s.group(1)) + int(s.group(2))) if s else None
         rec["stack_bytes"] = int(f.group(1)) if f else None
-    out[("pisa/pwt" if approx else "drop") + (" q_rs" if q_rs else "") + (" bias_l2" if l2 else "")] = rec
+    out[("pisa/pwt" if approx else "drop") + (" q_rs" if q_rs else "") + (" bias_l2" if l2 else "")
+        + (" bias_pf" if pf else "")] = rec
 shutil.rmtree(dump, ignore_errors=True)
 print("RESULTS_JSON " + json.dumps(out), flush=True)

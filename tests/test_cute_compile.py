@@ -7,6 +7,9 @@ import importlib.util
 import pytest
 from driver import run_driver
 
+FAMILIES = ["drop", "pisa/pwt", "drop q_rs", "pisa/pwt q_rs", "pisa/pwt q_rs bias_l2", "pisa/pwt q_rs bias_pf",
+            "pisa/pwt q_rs bias_l2 bias_pf"]
+
 if importlib.util.find_spec("cutlass") is None:
     pytest.skip("CuTe compile test skipped: nvidia-cutlass-dsl is not installed (pip install .[cute])",
                 allow_module_level=True)
@@ -18,12 +21,12 @@ def res():
     return run_driver("cute_compile_case.py", env=dict(CUTE_DSL_ARCH="sm_90a"))
 
 
-@pytest.mark.parametrize("family", ["drop", "pisa/pwt", "drop q_rs", "pisa/pwt q_rs", "pisa/pwt q_rs bias_l2"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_kernel_compiles_for_sm90(res, family):
     assert res[family]["compiled"]
 
 
-@pytest.mark.parametrize("family", ["drop", "pisa/pwt", "drop q_rs", "pisa/pwt q_rs", "pisa/pwt q_rs bias_l2"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_kernel_fits_the_register_budget_without_spills(res, family):
     rec = res[family]
     if "registers" not in rec:
@@ -33,7 +36,7 @@ def test_kernel_fits_the_register_budget_without_spills(res, family):
     assert rec["spill_bytes"] == 0, rec
 
 
-@pytest.mark.parametrize("family", ["drop", "pisa/pwt", "drop q_rs", "pisa/pwt q_rs", "pisa/pwt q_rs bias_l2"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_kernel_uses_no_local_memory(res, family):
     """Every per-row value is indexed by a compile-time slot: a runtime row index once put the row sums on the
     stack (48-80 bytes of local memory) and ncu measured the kernel 9% faster without it."""

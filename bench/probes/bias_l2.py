@@ -1,6 +1,8 @@
-"""H200 probe: the CuTe pwt attention with the bias-row L2 prefetch (kernels/cute/fwd.py BIAS_L2) on and off,
-alternated twice, at Wan2.1-14B 480p and 720p (random bf16, d 0.125, routing precomputed), plus drop (the exact
-part) once; and the rel L2 between the two outputs. Prints one JSON line."""
+"""H200 probe: the CuTe pwt attention's virtual-tile bias loads (kernels/cute/fwd.py) in four builds, alternated
+twice, at Wan2.1-14B 480p and 720p (random bf16, d 0.125, routing precomputed): off, BIAS_L2 (the producer
+prefetches the query block's bias row into L2), BIAS_PF (a tile's bias loaded right after the previous tile's
+softmax) and both; plus drop (the exact part) once, and each build's largest difference from the off build's
+output (the same arithmetic: 0 expected). Prints one line `RESULT {...}`; bench/gpu_round.sh B picks from it."""
 import json
 import sys
 
@@ -12,6 +14,7 @@ from kernels.config import SparseConfig  # noqa: E402
 from kernels.cute import fwd as CF  # noqa: E402
 from kernels.triton import stats as kts  # noqa: E402
 
+BUILDS = {"off": (False, False), "l2": (True, False), "pf": (False, True), "l2pf": (True, True)}
 res = {}
 for name, T in (("wan14_720", 75600), ("wan14", 32760)):
     q, k, v = (torch.randn(1, 40, T, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -19,16 +22,17 @@ for name, T in (("wan14_720", 75600), ("wan14", 32760)):
     cd = SparseConfig(density=0.125, variant="drop", band=1, n_sink_blocks=0, cov_bias=False, scale=128 ** -0.5)
     st = kts.block_stats(q, k, v, cp)
     idx, vb = kts.route(st, cp, q.dtype)
-    o0, o1, od = (torch.empty_like(q) for _ in range(3))
+    outs = {b: torch.empty_like(q) for b in BUILDS}
+    od = torch.empty_like(q)
     d = res[name] = {}
     d["drop_ms"] = triton.testing.do_bench(lambda: CF.attention(q, k, v, od, st, idx, None, cd), rep=400)
     for r in range(2):
-        d[f"pwt_l2off_r{r}_ms"] = triton.testing.do_bench(
-            lambda: CF.attention(q, k, v, o0, st, idx, vb, cp, bias_l2=False), rep=400)
-        d[f"pwt_l2on_r{r}_ms"] = triton.testing.do_bench(
-            lambda: CF.attention(q, k, v, o1, st, idx, vb, cp, bias_l2=True), rep=400)
-    d["rel_on_vs_off"] = float((o1.float() - o0.float()).norm() / o0.float().norm())
+        for b, (l2, pf) in BUILDS.items():
+            d[f"pwt_{b}_r{r}_ms"] = triton.testing.do_bench(
+                lambda: CF.attention(q, k, v, outs[b], st, idx, vb, cp, bias_l2=l2, bias_pf=pf), rep=400)
+    for b in BUILDS:
+        d[f"{b}_maxdiff_vs_off"] = float((outs[b].float() - outs["off"].float()).abs().max())
     print(name, d, flush=True)
-    del q, k, v, st, idx, vb, o0, o1, od
+    del q, k, v, st, idx, vb, outs, od
     torch.cuda.empty_cache()
 print("RESULT " + json.dumps(res))

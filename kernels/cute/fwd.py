@@ -81,16 +81,23 @@ Q_RS = True
 # for the 720p virtual-token cost (10 ms against ~4 its FLOPs imply; the bias rows, 112 MB there, miss L2), compiled
 # for sm_90a (tests/test_cute_compile.py) but not yet run on a GPU: off until bench/probes/bias_l2.py measures it
 BIAS_L2 = False
+# pisa / pwt: a virtual tile's bias row and counts are loaded right after the previous tile's softmax instead of
+# at the top of its own iteration (PSA_CUTE_BIAS_PF=1/0 overrides): the load then has the previous P V product,
+# its rescale and the K-bar wait to land in, not only the S GEMM (the bias rows come from HBM: one new 128-byte
+# line per virtual tile). Same arithmetic; compiled for sm_90a, not yet run on a GPU: off until
+# bench/probes/bias_l2.py measures it
+BIAS_PF = False
 
 
 class PiecewiseSparseFwdSm90(TileOps):
     """Compile-time configuration: variant family (exact only, or exact + virtual tokens) and stages."""
 
     def __init__(self, approx: bool, kv_stages: int = 4, head_dim: int = 128, q_rs: bool = False,
-                 bias_l2: bool = False):
+                 bias_l2: bool = False, bias_pf: bool = False):
         self.approx = approx
         self.q_rs = q_rs  # S = Q K^T with Q from registers (read from shared memory once per CTA)
         self.bias_l2 = bias_l2  # the producer prefetches this query block's bias row into L2 at the start
+        self.bias_pf = bias_pf  # a virtual tile's bias loaded one softmax earlier (after the previous tile's)
         self.kv_stages = kv_stages
         self.d = head_dim
         self.qk_tiler = (BS, BS, head_dim)  # (M, N, K) of S = Q K^T
@@ -325,9 +332,13 @@ class PiecewiseSparseFwdSm90(TileOps):
                 kh0.release()
                 self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
                                    n_valid == 0, kk_tail == 0, rem, True)
+                if cutlass.const_expr(self.approx and self.bias_pf):
+                    if 1 < n_tiles:
+                        if 1 >= n_valid:
+                            self._load_bias(bias, cnt, mVB, tScS, i_b, i_h, i_q, 1 - n_valid, n_kv, n_last)
                 self._to_p(acc_s, tOrP)
                 for u in cutlass.range(1, n_tiles, unroll=1):
-                    if cutlass.const_expr(self.approx):
+                    if cutlass.const_expr(self.approx and not self.bias_pf):
                         if u >= n_valid:
                             self._load_bias(bias, cnt, mVB, tScS, i_b, i_h, i_q, u - n_valid, n_kv, n_last)
                     vh = kv_cons.wait_and_advance()  # V_{u-1} (or the value means of a virtual tile)
@@ -338,6 +349,11 @@ class PiecewiseSparseFwdSm90(TileOps):
                     kh.release()
                     self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
                                        u >= n_valid, kk_tail == u, rem, False)
+                    if cutlass.const_expr(self.approx and self.bias_pf):
+                        if u + 1 < n_tiles:  # the next tile's bias, while P V runs
+                            if u + 1 >= n_valid:
+                                self._load_bias(bias, cnt, mVB, tScS, i_b, i_h, i_q, u + 1 - n_valid, n_kv,
+                                                n_last)
                     warpgroup.wait_group(0)
                     vh.release()
                     self._rescale_o(acc_o, alpha)
@@ -444,7 +460,7 @@ def _env_flag(name: str, default: bool) -> bool:
 
 
 def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None, q_rs: bool | None = None,
-              bias_l2: bool | None = None):
+              bias_l2: bool | None = None, bias_pf: bool | None = None):
     """Fused forward on [B, HC, T, D] bf16 views (unit last stride, 16-byte aligned strides); same
     arguments and meaning as kernels.triton.fwd.attention."""
     B, HC, T, D = q.shape
@@ -458,6 +474,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
     stages = kv_stages or int(os.environ.get("PSA_CUTE_STAGES", "4"))
     q_rs = _env_flag("PSA_CUTE_QRS", Q_RS) if q_rs is None else bool(q_rs)
     bias_l2 = approx and (_env_flag("PSA_CUTE_BIAS_L2", BIAS_L2) if bias_l2 is None else bool(bias_l2))
+    bias_pf = approx and (_env_flag("PSA_CUTE_BIAS_PF", BIAS_PF) if bias_pf is None else bool(bias_pf))
     if approx:
         kb, vm, hb = st.kbar_lp, st.vmean_lp, st.hbar_lp
         vb = vbias
@@ -465,7 +482,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
         kb = vm = q[:, :, :BS]
         hb = q[:, :, :D]
         vb = _bias_placeholder(q.device)
-    key = (approx, stages, str(q.dtype), D, q_rs, bias_l2)
+    key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf)
     args = [_cute(x) for x in (q, k, v, out, kb, vm, hb)]
     args += [from_dlpack(vb.detach(), assumed_align=2).mark_layout_dynamic(leading_dim=3),
              from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3)]
@@ -477,7 +494,8 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
             fn = _compiled.get(key)
             if fn is None:
                 t0 = time.perf_counter()
-                fn = cute.compile(PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2), *args, *scal, stream)
+                fn = cute.compile(PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2, bias_pf), *args, *scal,
+                                  stream)
                 dt = time.perf_counter() - t0
                 _compile_seconds[str(key)] = dt
                 _compiled[key] = fn
