@@ -61,6 +61,30 @@ def orders_on(grid, device) -> tuple[torch.Tensor, torch.Tensor]:
     return hit
 
 
+_full_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def full_order(perm: torch.Tensor, n_prefix: int) -> torch.Tensor:
+    """int32 [n_prefix + len(perm)] on perm's device: the identity over the prefix, then n_prefix + perm (the row of
+    the caller's tensor that each block-order position reads; the form the Triton kernels take). Cached for the
+    permutations `orders_on` hands out: they live as long as the process, so a CUDA graph that captured the cached
+    tensor can rely on it, and a call saves the 5 small kernels that build it. Computed anew for any other perm and
+    under a stream capture (where it would come from the graph's private pool)."""
+    key = (perm.data_ptr(), perm.numel(), int(n_prefix), str(perm.device))
+    hit = _full_cache.get(key)
+    if hit is not None and hit[0] is perm:
+        return hit[1]
+    full = torch.empty(n_prefix + perm.numel(), dtype=torch.int32, device=perm.device)
+    if n_prefix:
+        full[:n_prefix] = torch.arange(n_prefix, dtype=torch.int32, device=perm.device)
+    full[n_prefix:] = perm.to(dtype=torch.int32) + n_prefix
+    capturing = perm.is_cuda and torch.cuda.is_current_stream_capturing()
+    if not capturing and any(v[0] is perm for v in list(_device_cache.values())):
+        with _lock:
+            _full_cache[key] = (perm, full)
+    return full
+
+
 def apply_reorder(x: torch.Tensor, perm: torch.Tensor, n_prefix: int = 0) -> torch.Tensor:
     """Permute the tokens after the prefix along dim -2 of [B, H, T, D]: out[p] = x[n_prefix + perm[p]]."""
     if n_prefix == 0:

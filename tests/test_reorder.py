@@ -47,6 +47,18 @@ def test_morton_order_is_cached():
     assert morton_order((21, 30, 52)) is morton_order((21, 30, 52))
 
 
+def test_full_order_is_the_prefix_then_the_shifted_perm_and_cached_only_for_orders_on():
+    from kernels.reorder import full_order, orders_on
+    perm, _ = orders_on((3, 5, 7), "cpu")
+    full = full_order(perm, 4)
+    assert full.dtype == torch.int32
+    assert torch.equal(full.long(), torch.cat([torch.arange(4), perm + 4]))
+    assert full_order(perm, 4) is full  # orders_on's perms live as long as the process: cached
+    assert full_order(perm, 0) is not full and torch.equal(full_order(perm, 0).long(), perm)
+    other = perm.clone()  # any other perm (it may die, its memory be reused): built anew on every call
+    assert full_order(other, 4) is not full_order(other, 4) and torch.equal(full_order(other, 4), full)
+
+
 def test_prefix_stays_in_front_and_undo_restores():
     grid, n_prefix = (4, 6), 5
     x = torch.arange(n_prefix + 24, dtype=torch.float64).view(1, 1, -1, 1).expand(1, 2, -1, 3).contiguous()

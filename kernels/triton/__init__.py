@@ -143,11 +143,10 @@ def _contig_last(x):
 
 
 def _full_perm(perm, n_prefix, T, device):
-    full = torch.empty(T, dtype=torch.int32, device=device)
-    if n_prefix:
-        full[:n_prefix] = torch.arange(n_prefix, dtype=torch.int32, device=device)
-    full[n_prefix:] = perm.to(device=device, dtype=torch.int32) + n_prefix
-    return full
+    from ..reorder import full_order
+    if perm.numel() != T - n_prefix:
+        raise ValueError(f"perm has {perm.numel()} entries, expected T - n_prefix = {T} - {n_prefix}")
+    return full_order(perm.to(device=device), n_prefix)
 
 
 def _forward_impl(q, k, v, cfg: SparseConfig, **kw):
