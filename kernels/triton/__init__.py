@@ -260,10 +260,12 @@ def _forward_gathered(q, k, v, cfg, perm, fperm, n_prefix, config, scratch, atte
     copies keep their TMA loads. Scratch: 2 x hc / H x q's bytes for the copies, the heads chunked so that
     stays under PSA_MORTON_SCRATCH x q (default 1; copies up to MORTON_FLOOR in one chunk) + the statistics.
 
-    An attention that takes no permutation (CuTe's) gets q copied too and writes a block-order output that one
-    scatter puts into the caller's layout: 4x q's bytes + the statistics, one chunk unless the statistics
-    budget splits the heads (the block-order output has its own buffer: writing it over the gathered q
-    corrupts q whenever a kernel runs more than once on the same arguments, as Triton's autotuner does)."""
+    An attention that takes no permutation (CuTe's) gets q copied too and writes its block-order output over that
+    copy (each program reads its own query rows before it writes the same rows, and no other program reads them);
+    one scatter then puts it into the caller's layout: 3x q's bytes + the statistics, one chunk unless the
+    statistics budget splits the heads. Such an attention must never run twice on the same arguments (the second
+    run would read the first one's output as its queries): the CuTe kernel runs once per call; Triton's autotuner
+    re-runs a kernel, which is why this backend's own attention takes the permutation instead."""
     B, H, T, D = q.shape
     hc, score_bytes = _chunking(q, cfg, None, scratch)
     kw = {} if config is None else {"config": config}
@@ -281,18 +283,16 @@ def _forward_gathered(q, k, v, cfg, perm, fperm, n_prefix, config, scratch, atte
             del st, idx, vbias, kg, vg
         return out
     g = torch.empty((3, B, H, T, D), device=q.device, dtype=q.dtype)
-    og = torch.empty((B, H, T, D), device=q.device, dtype=q.dtype)
     for h0 in range(0, H, hc):
         h1 = min(H, h0 + hc)
-        qg, kg, vg, oc = g[0, :, h0:h1], g[1, :, h0:h1], g[2, :, h0:h1], og[:, h0:h1]
+        qg, kg, vg = g[0, :, h0:h1], g[1, :, h0:h1], g[2, :, h0:h1]
         st = _stats.block_stats(q[:, h0:h1], k[:, h0:h1], v[:, h0:h1], cfg, perm=fperm, gathered=(qg, kg, vg))
         idx, vbias = _stats.route(st, cfg, q.dtype, score_bytes=score_bytes)
-        attention(qg, kg, vg, oc, st, idx, vbias, cfg, **kw)
-        del st, idx, vbias, qg, kg, vg, oc
-    # the output is allocated only after the copies and the last chunk's statistics are freed: the peak is the
-    # head loop's (copies + block-order output + scratch), not that plus the output
-    del g
-    return _scatter_into(og, perm, n_prefix, _output_like(q))
+        attention(qg, kg, vg, qg, st, idx, vbias, cfg, **kw)  # the output over the q copy
+        del st, idx, vbias, qg, kg, vg
+    # the output is allocated only after the last chunk's statistics are freed: the peak is the head loop's
+    # (copies + scratch), or the copies + the output at the scatter, never both
+    return _scatter_into(g[0], perm, n_prefix, _output_like(q))
 
 
 def _scatter_into(x, perm, n_prefix, out):
