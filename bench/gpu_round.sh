@@ -7,11 +7,12 @@
 #   call E: carry [".carry/comfy"]                    command: bash bench/gpu_round.sh E
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh) and runs the Triton-only GPU tests;
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
-# softmax earlier, both) and runs the CuTe and CUDA-graph GPU tests with the build that measured fastest at 720p (C and
-# D then run with it too); C times every piece (bench/pieces.py) at Wan2.1-14B 480p and FLUX.1 1024^2 against the
-# kernels in .carry/old (a copy of the previous kernels as the package kernels_old), with
-# Morton and FLUX as the node calls them; D the same at 720p and re-measures the break-even table
-# (nodes/breakeven_h200.json); E the whole DiT step (bench/dit_step.py, ComfyUI's comfy/ in .carry/comfy).
+# softmax earlier, both) and the kernel's own output permutation on the Morton path (bench/probes/cute_out_perm.py),
+# then runs the CuTe and CUDA-graph GPU tests with what measured faster (C and D then run with it too); C times every
+# piece (bench/pieces.py) at Wan2.1-14B 480p and FLUX.1 1024^2 against the kernels in .carry/old (a copy of the
+# previous kernels as the package kernels_old), with Morton and FLUX as the node calls them; D the same at 720p and
+# re-measures the break-even table (nodes/breakeven_h200.json); E the whole DiT step (bench/dit_step.py, ComfyUI's
+# comfy/ in .carry/comfy).
 # Every result lands under $OUT; a step that runs past its timeout is cut and the next one still runs.
 set -u
 PHASE=${1:?usage: bash bench/gpu_round.sh A|B|C|D|E}
@@ -58,7 +59,22 @@ EOF
     read -r L2 PF <<< "$PICK"
     log "bias decision: PSA_CUTE_BIAS_L2=$L2 PSA_CUTE_BIAS_PF=$PF ($(tail -1 "$OUT/bias_l2.txt" | cut -c1-600))"
     export PSA_CUTE_BIAS_L2=$L2 PSA_CUTE_BIAS_PF=$PF
-    echo "export PSA_CUTE_BIAS_L2=$L2 PSA_CUTE_BIAS_PF=$PF" > "$STASH/bias_env"
+    log "cute_out_perm probe"
+    timeout 200 python bench/probes/cute_out_perm.py > "$OUT/cute_out_perm.txt" 2>&1
+    # the kernel's own output permutation where it was faster in each round at both sizes, with the same output
+    OP=$(python - "$OUT/cute_out_perm.txt" <<'EOF'
+import json, sys
+lines = [ln for ln in open(sys.argv[1]) if ln.startswith("RESULT ")]
+if not lines:
+    print(0); sys.exit()
+r = json.loads(lines[0][7:])
+print(int(all(d["maxdiff"] == 0.0 and all(d[f"op1_r{i}_ms"] < d[f"op0_r{i}_ms"] for i in range(2))
+              for d in r.values())))
+EOF
+)
+    log "out_perm decision: PSA_CUTE_OUT_PERM=$OP ($(tail -1 "$OUT/cute_out_perm.txt" | cut -c1-600))"
+    export PSA_CUTE_OUT_PERM=$OP
+    echo "export PSA_CUTE_BIAS_L2=$L2 PSA_CUTE_BIAS_PF=$PF PSA_CUTE_OUT_PERM=$OP" > "$STASH/bias_env"
     run_tests cute 240 tests/test_cute_gpu.py tests/test_nonfinite.py
     run_tests graphs 120 tests/test_graphs_gpu.py
     ;;

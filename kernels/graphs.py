@@ -48,7 +48,7 @@ DEFAULT_IN_PLACE = 4
 WARMUP_ITERS = 3
 # environment variables the captured work reads at run time (head chunking, TMA, CuTe pipeline stages)
 _ENV_IN_KEY = ("PSA_TRITON_SCRATCH", "PSA_MORTON_SCRATCH", "PSA_TRITON_TMA", "PSA_CUTE_STAGES", "PSA_CUTE_QRS",
-               "PSA_CUTE_BIAS_L2", "PSA_CUTE_BIAS_PF")
+               "PSA_CUTE_BIAS_L2", "PSA_CUTE_BIAS_PF", "PSA_CUTE_OUT_PERM")
 # keys seen once (waiting for their second call) that are remembered
 _MAX_SEEN = 256
 

@@ -206,11 +206,15 @@ def test_strided_views_as_comfyui_passes_them(variant):
     assert rel(out, ref) <= TRITON_TOL
 
 
+@pytest.mark.parametrize("out_perm", ["0", "1"])
 @pytest.mark.parametrize("variant", ["pwt", "pisa", "drop"])
-def test_morton_gathered_in_the_statistics_kernel_as_the_node_calls_it(variant):
+def test_morton_gathered_in_the_statistics_kernel_as_the_node_calls_it(variant, out_perm, monkeypatch):
     """kernels.api hands the Morton permutation to the backend: the statistics kernel writes block-order copies,
-    the CuTe kernel runs on them and one scatter writes the output into the caller's [B, L, H, D] layout. Same
-    answer as gathering first and scattering after, at a Wan-like odd grid with a 7-token prefix and B = 2."""
+    the CuTe kernel runs on them and writes its output over the q copy, which one scatter puts into the caller's
+    [B, L, H, D] layout; with PSA_CUTE_OUT_PERM=1 the kernel writes the output rows through the permutation
+    itself, straight into that layout. Same answer as gathering first and scattering after, at a Wan-like odd
+    grid with a 7-token prefix and B = 2."""
+    monkeypatch.setenv("PSA_CUTE_OUT_PERM", out_perm)
     from kernels import cute as kc
     from kernels import piecewise_sparse_attention as psa
     from kernels.reorder import orders_on

@@ -467,6 +467,20 @@ def _():
                                      attention=lambda *a, **kw: fwd.attention(*a, **kw))
             out[f"{var}_no_perm_attention"] = {"maxdiff_vs_separate": float((o - sep).abs().max()),
                                                "allocs_in_q": sorted(n / q_bytes for n in mode.sizes)}
+
+            # ... one that writes its output rows through the permutation (CuTe's OUT_PERM): row t of its
+            # block-order result lands in row perm[t] of the caller's output, no scatter pass
+            def out_perm_attention(qg, kg, vg, o_, *a, perm=None, **kw):
+                tmp = fwd.attention(qg, kg, vg, torch.empty_like(qg), *a, **kw)
+                o_[:, :, perm.long()] = tmp
+                return o_
+            out_perm_attention.writes_out_perm = lambda: True
+            mode = _BigAllocs(q_bytes // 4)
+            with mode:
+                o = kt._forward_impl(q, k, v, c, perm=perm, n_prefix=npre, attention=out_perm_attention)
+            out[f"{var}_out_perm_attention"] = {"maxdiff_vs_separate": float((o - sep).abs().max()),
+                                                "keeps_layout": o.stride() == q.stride(),
+                                                "allocs_in_q": sorted(n / q_bytes for n in mode.sizes)}
     finally:
         kt.MORTON_FLOOR = floor0
         if env0 is None:

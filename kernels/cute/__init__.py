@@ -154,13 +154,14 @@ def auto_skip_reason(q, cfg) -> str | None:
     return None
 
 
-def _attention(q, k, v, out, st, idx, vbias, cfg):
-    """One head chunk through the CuTe kernel. A failure other than running out of memory is remembered for
-    the variant family (so dispatch takes Triton from the next call on, with its log line) and re-raised."""
+def _attention(q, k, v, out, st, idx, vbias, cfg, perm=None):
+    """One head chunk through the CuTe kernel (`perm`: the output rows written through it, see
+    writes_out_perm). A failure other than running out of memory is remembered for the variant family (so
+    dispatch takes Triton from the next call on, with its log line) and re-raised."""
     if cfg.variant == "drop":
         vbias = None  # the contract: no bias rows for drop (Triton's own routing builds them anyway)
     try:
-        return _cute.attention(q, k, v, out, st, idx, vbias, cfg)
+        return _cute.attention(q, k, v, out, st, idx, vbias, cfg, **({} if perm is None else {"perm": perm}))
     except torch.cuda.OutOfMemoryError:
         raise
     except Exception as e:
@@ -171,6 +172,15 @@ def _attention(q, k, v, out, st, idx, vbias, cfg):
             log.error("piecewise_sparse_attention: the cute kernel failed for %s (%s); later calls of this "
                       "variant family skip the cute backend (auto takes triton)", _family(cfg), _FAILED[_family(cfg)])
         raise
+
+
+def _writes_out_perm() -> bool:
+    """kernels.triton._forward_gathered asks: True when _attention writes the output rows through the Morton
+    permutation itself (kernels/cute/fwd.py OUT_PERM, PSA_CUTE_OUT_PERM), so no scatter pass follows."""
+    return _cute is not None and _cute.out_perm_enabled()
+
+
+_attention.writes_out_perm = _writes_out_perm
 
 
 def aligned16(x) -> bool:

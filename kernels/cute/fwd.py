@@ -87,17 +87,22 @@ BIAS_L2 = False
 # line per virtual tile). Same arithmetic; compiled for sm_90a, not yet run on a GPU: off until
 # bench/probes/bias_l2.py measures it
 BIAS_PF = False
+# Morton: the output rows are written through the permutation (PSA_CUTE_OUT_PERM=1/0 overrides), straight into the
+# caller's layout, so the separate scatter pass (0.16 ms at Wan2.1-14B 480p) goes; q, k, v stay block-order copies
+# (their TMA loads). Compiled for sm_90a, not yet run on a GPU: off until bench/probes/cute_out_perm.py measures it
+OUT_PERM = False
 
 
 class PiecewiseSparseFwdSm90(TileOps):
     """Compile-time configuration: variant family (exact only, or exact + virtual tokens) and stages."""
 
     def __init__(self, approx: bool, kv_stages: int = 4, head_dim: int = 128, q_rs: bool = False,
-                 bias_l2: bool = False, bias_pf: bool = False):
+                 bias_l2: bool = False, bias_pf: bool = False, out_perm: bool = False):
         self.approx = approx
         self.q_rs = q_rs  # S = Q K^T with Q from registers (read from shared memory once per CTA)
         self.bias_l2 = bias_l2  # the producer prefetches this query block's bias row into L2 at the start
         self.bias_pf = bias_pf  # a virtual tile's bias loaded one softmax earlier (after the previous tile's)
+        self.out_perm = out_perm  # output row t written to row mPerm[t] (Morton: the caller's order)
         self.kv_stages = kv_stages
         self.d = head_dim
         self.qk_tiler = (BS, BS, head_dim)  # (M, N, K) of S = Q K^T
@@ -110,7 +115,7 @@ class PiecewiseSparseFwdSm90(TileOps):
     @cute.jit
     def __call__(self, mQ4: cute.Tensor, mK4: cute.Tensor, mV4: cute.Tensor, mO4: cute.Tensor,
                  mKb4: cute.Tensor, mVm4: cute.Tensor, mH4: cute.Tensor, mVB: cute.Tensor,
-                 mIdx: cute.Tensor, n_vt: cutlass.Int32, scale_log2: cutlass.Float32,
+                 mIdx: cute.Tensor, mPerm: cute.Tensor, n_vt: cutlass.Int32, scale_log2: cutlass.Float32,
                  scale: cutlass.Float32, stream: cuda.CUstream):
         dt = mQ4.element_type
 
@@ -169,7 +174,7 @@ class PiecewiseSparseFwdSm90(TileOps):
         self.smem = Smem
         n_q = cute.ceil_div(mQ.shape[0], BS)
         self.kernel(qk_mma, pv_mma, qh_mma, tma_q, gQt, tma_k, gKt, tma_v, gVt, tma_kb, gKbt, tma_vm, gVmt,
-                    tma_h, gHt, mO, mVB, mIdx, n_vt, scale_log2, scale, sQ_layout, sK_layout,
+                    tma_h, gHt, mO, mVB, mIdx, mPerm, n_vt, scale_log2, scale, sQ_layout, sK_layout,
                     sV_layout).launch(
             grid=[n_q, mQ4.shape[1], mQ4.shape[0]], block=[self.threads, 1, 1], stream=stream,
             min_blocks_per_mp=2)
@@ -180,7 +185,7 @@ class PiecewiseSparseFwdSm90(TileOps):
                tma_q: cute.CopyAtom, gQt: cute.Tensor, tma_k: cute.CopyAtom, gKt: cute.Tensor,
                tma_v: cute.CopyAtom, gVt: cute.Tensor, tma_kb: cute.CopyAtom, gKbt: cute.Tensor,
                tma_vm: cute.CopyAtom, gVmt: cute.Tensor, tma_h: cute.CopyAtom, gHt: cute.Tensor,
-               mO: cute.Tensor, mVB: cute.Tensor, mIdx: cute.Tensor, n_vt: cutlass.Int32,
+               mO: cute.Tensor, mVB: cute.Tensor, mIdx: cute.Tensor, mPerm: cute.Tensor, n_vt: cutlass.Int32,
                scale_log2: cutlass.Float32, scale: cutlass.Float32,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
                sV_layout: cute.ComposedLayout):
@@ -390,11 +395,25 @@ class PiecewiseSparseFwdSm90(TileOps):
             # epilogue: normalise, store the rows that exist
             for r in cutlass.range_constexpr(n_rows):
                 row_sum[r] = self._quad_sum(row_sum[r])
-            for e in cutlass.range_constexpr(cute.size(acc_o)):
-                row = tOcO[e][0]
-                t_row = i_q * BS + row
-                if t_row < T:
-                    mO[t_row, tOcO[e][1], hb] = (acc_o[e] / row_sum[self._row_slot_e(e)]).to(mO.element_type)
+            if cutlass.const_expr(self.out_perm):
+                # each thread's two rows through the permutation, read once (elements 0 and 2 sit in row slots
+                # 0 and 1), then every element stored at its row's target
+                o_row = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Int32)
+                for r in cutlass.range_constexpr(n_rows):
+                    t_row = i_q * BS + tOcO[2 * r][0]
+                    o_row[r] = t_row
+                    if t_row < T:
+                        o_row[r] = mPerm[t_row]
+                for e in cutlass.range_constexpr(cute.size(acc_o)):
+                    if i_q * BS + tOcO[e][0] < T:
+                        mO[o_row[self._row_slot_e(e)], tOcO[e][1], hb] = (
+                            acc_o[e] / row_sum[self._row_slot_e(e)]).to(mO.element_type)
+            else:
+                for e in cutlass.range_constexpr(cute.size(acc_o)):
+                    row = tOcO[e][0]
+                    t_row = i_q * BS + row
+                    if t_row < T:
+                        mO[t_row, tOcO[e][1], hb] = (acc_o[e] / row_sum[self._row_slot_e(e)]).to(mO.element_type)
         return
 
 
@@ -440,6 +459,14 @@ def aligned16(x: torch.Tensor) -> bool:
 _placeholders: dict = {}
 
 
+def _perm_placeholder(device) -> torch.Tensor:
+    """The permutation argument of a build that writes the output in block order (never read)."""
+    t = _placeholders.get((device, "perm"))
+    if t is None:
+        t = _placeholders[device, "perm"] = torch.zeros(1, device=device, dtype=torch.int32)
+    return t
+
+
 def _bias_placeholder(device) -> torch.Tensor:
     """The drop kernel never reads the bias rows, but its signature has them: one tiny tensor per device
     instead of an allocation (and a memset launch) on every call."""
@@ -459,10 +486,17 @@ def _env_flag(name: str, default: bool) -> bool:
     return default if env is None else env.strip() not in ("0", "", "false", "False")
 
 
+def out_perm_enabled() -> bool:
+    """Whether attention() writes the output through a `perm` it is given (OUT_PERM, PSA_CUTE_OUT_PERM)."""
+    return _env_flag("PSA_CUTE_OUT_PERM", OUT_PERM)
+
+
 def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None, q_rs: bool | None = None,
-              bias_l2: bool | None = None, bias_pf: bool | None = None):
+              bias_l2: bool | None = None, bias_pf: bool | None = None, perm: torch.Tensor | None = None):
     """Fused forward on [B, HC, T, D] bf16 views (unit last stride, 16-byte aligned strides); same
-    arguments and meaning as kernels.triton.fwd.attention."""
+    arguments and meaning as kernels.triton.fwd.attention, except that `perm` (int32 [T], the full Morton
+    order: kernels.reorder.full_order) only moves the output rows (q, k, v are read in block order): row t of
+    the result lands in row perm[t] of `out`."""
     B, HC, T, D = q.shape
     n = -(-T // BS)
     approx = cfg.variant in ("pisa", "pwt")
@@ -482,10 +516,16 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
         kb = vm = q[:, :, :BS]
         hb = q[:, :, :D]
         vb = _bias_placeholder(q.device)
-    key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf)
+    out_perm = perm is not None
+    if out_perm and (perm.dtype != torch.int32 or perm.shape != (T,) or perm.stride(0) != 1):
+        raise ValueError(f"cute backend: perm must be a contiguous int32 [T={T}] tensor, got {perm.dtype} "
+                         f"{tuple(perm.shape)}")
+    key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm)
     args = [_cute(x) for x in (q, k, v, out, kb, vm, hb)]
     args += [from_dlpack(vb.detach(), assumed_align=2).mark_layout_dynamic(leading_dim=3),
-             from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3)]
+             from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3),
+             from_dlpack(perm if out_perm else _perm_placeholder(q.device), assumed_align=4).mark_layout_dynamic(
+                 leading_dim=0)]
     scal = [cutlass.Int32(n_vt), cutlass.Float32(float(cfg.scale) * LOG2E), cutlass.Float32(float(cfg.scale))]
     stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
     fn = _compiled.get(key)
@@ -494,8 +534,8 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
             fn = _compiled.get(key)
             if fn is None:
                 t0 = time.perf_counter()
-                fn = cute.compile(PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2, bias_pf), *args, *scal,
-                                  stream)
+                kern = PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2, bias_pf, out_perm)
+                fn = cute.compile(kern, *args, *scal, stream)
                 dt = time.perf_counter() - t0
                 _compile_seconds[str(key)] = dt
                 _compiled[key] = fn

@@ -262,8 +262,9 @@ def _forward_gathered(q, k, v, cfg, perm, fperm, n_prefix, config, scratch, atte
 
     An attention that takes no permutation (CuTe's) gets q copied too and writes its block-order output over that
     copy (each program reads its own query rows before it writes the same rows, and no other program reads them);
-    one scatter then puts it into the caller's layout: 3x q's bytes + the statistics, one chunk unless the
-    statistics budget splits the heads. Such an attention must never run twice on the same arguments (the second
+    one scatter then puts it into the caller's layout (or, when it says `writes_out_perm()`, it writes the
+    output rows through `fperm` straight into the caller's layout): 3x q's bytes + the statistics, one chunk
+    unless the statistics budget splits the heads. Such an attention must never run twice on the same arguments (the second
     run would read the first one's output as its queries): the CuTe kernel runs once per call; Triton's autotuner
     re-runs a kernel, which is why this backend's own attention takes the permutation instead."""
     B, H, T, D = q.shape
@@ -283,13 +284,22 @@ def _forward_gathered(q, k, v, cfg, perm, fperm, n_prefix, config, scratch, atte
             del st, idx, vbias, kg, vg
         return out
     g = torch.empty((3, B, H, T, D), device=q.device, dtype=q.dtype)
+    # an attention that writes the output rows through the permutation itself fills the caller's layout
+    # directly (no scatter pass); else its block-order output goes over the q copy
+    writes = getattr(attention, "writes_out_perm", None)
+    out = _output_like(q) if writes is not None and writes() else None
     for h0 in range(0, H, hc):
         h1 = min(H, h0 + hc)
         qg, kg, vg = g[0, :, h0:h1], g[1, :, h0:h1], g[2, :, h0:h1]
         st = _stats.block_stats(q[:, h0:h1], k[:, h0:h1], v[:, h0:h1], cfg, perm=fperm, gathered=(qg, kg, vg))
         idx, vbias = _stats.route(st, cfg, q.dtype, score_bytes=score_bytes)
-        attention(qg, kg, vg, qg, st, idx, vbias, cfg, **kw)  # the output over the q copy
+        if out is None:
+            attention(qg, kg, vg, qg, st, idx, vbias, cfg, **kw)  # the output over the q copy
+        else:
+            attention(qg, kg, vg, out[:, h0:h1], st, idx, vbias, cfg, perm=fperm, **kw)
         del st, idx, vbias, qg, kg, vg
+    if out is not None:
+        return out
     # the output is allocated only after the last chunk's statistics are freed: the peak is the head loop's
     # (copies + scratch), or the copies + the output at the scatter, never both
     return _scatter_into(g[0], perm, n_prefix, _output_like(q))
