@@ -10,7 +10,8 @@
 # softmax earlier, both) and the kernel's own output permutation on the Morton path (bench/probes/cute_out_perm.py),
 # then runs the CuTe and CUDA-graph GPU tests with what measured faster (C and D then run with it too); C times every
 # piece (bench/pieces.py) at Wan2.1-14B 480p and FLUX.1 1024^2 against the kernels in .carry/old (a copy of the
-# previous kernels as the package kernels_old), with Morton and FLUX as the node calls them; D the same at 720p and
+# previous kernels as the package kernels_old), with Morton and FLUX as the node calls them and the knob sweeps
+# (bench/pieces_sweep.py: the statistics kernel at 1-2 warps among them); D the same at 720p and
 # re-measures the break-even table (nodes/breakeven_h200.json); E the whole DiT step (bench/dit_step.py, ComfyUI's
 # comfy/ in .carry/comfy).
 # Every result lands under $OUT; a step that runs past its timeout is cut and the next one still runs.
@@ -81,7 +82,7 @@ EOF
 C)
     python -c "import cutlass" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: pieces runs Triton only"
     log "pieces 480p + flux"
-    timeout 560 python bench/pieces.py --out "$OUT/pieces_c" --old .carry/old --morton --flux-node \
+    timeout 560 python bench/pieces.py --out "$OUT/pieces_c" --old .carry/old --morton --flux-node --sweep \
         --shapes wan14,flux > "$OUT/pieces_c.log" 2>&1
     log "pieces rc=$?"
     ;;

@@ -14,13 +14,26 @@ def bind(mod) -> None:
     _P = mod
 
 
-STATS_VARIANTS = {  # drop's tensor-core column sums (stats.STATS_TC) against the split kernel and its knobs
+STATS_VARIANTS = {  # drop's tensor-core column sums (stats.STATS_TC) against the split kernel; the split kernel's knobs
     "split": {"STATS_TC": False},
     "tc": {},
     "tc_db128": {"STATS_TC_DB": 128},
     "tc_g16": {"STATS_TC_BLOCKS": 16},
     "tc_st4": {"STATS_TC_STAGES": 4},
     "tc_w8": {"STATS_TC_WARPS": 8},
+    # pisa / pwt's split statistics kernel with one or two warps per program: the row sums stay inside a warp
+    # (sm_90a SASS, Triton 3.6, with the launcher's divisibility hints: 5 barriers per block instead of 25 at 4
+    # warps; ptxas 96 / 160 / 88 / 128 registers for 16 / 32 columns at 1 / 2 warps, none spilled), several blocks
+    # per program (G) so the grid does not grow 4-8x, the next block's tiles prefetched (168 / 125 registers at
+    # 16 columns, 1 / 2 warps)
+    "w1_db16": {"STATS_WARPS": 1, "STATS_DB": 16},
+    "w1_db32": {"STATS_WARPS": 1, "STATS_DB": 32},
+    "w2_db16": {"STATS_WARPS": 2, "STATS_DB": 16},
+    "w2_db32": {"STATS_WARPS": 2, "STATS_DB": 32},
+    "w1_db16_g4": {"STATS_WARPS": 1, "STATS_DB": 16, "STATS_BLOCKS": 4},
+    "w1_db16_g4_pf": {"STATS_WARPS": 1, "STATS_DB": 16, "STATS_BLOCKS": 4, "STATS_PREFETCH": True},
+    "w2_db16_g4_pf": {"STATS_WARPS": 2, "STATS_DB": 16, "STATS_BLOCKS": 4, "STATS_PREFETCH": True},
+    "w2_db32_g4": {"STATS_WARPS": 2, "STATS_DB": 32, "STATS_BLOCKS": 4},
 }
 
 
