@@ -123,6 +123,16 @@ def sweep(q, k, v, density, out):
                 _P.timed(d, f"route_pieces_bits{bits}_w{warps}_keys{pkeys}_split{int(split)}_ms", once)
         finally:
             kr.SELECT_IMPL, ks.SELECT_BITS, ks.SELECT_PIECE_WARPS, ks.SELECT_PIECE_KEYS, ks.SELECT_SPLIT = skeep
+        # the scores kernel's output tile, D slices, warps and load stages (route.SCORE_*; default 64 x 64, the
+        # whole D at 4 warps, unpipelined), with the default select
+        kkeep = (kr.SCORE_BM, kr.SCORE_BN, kr.SCORE_DK, kr.SCORE_WARPS, kr.SCORE_STAGES)
+        try:
+            for bm, bn, dk, w, stg in ((64, 64, 32, 8, 3), (64, 64, 32, 4, 3), (64, 64, 64, 8, 2),
+                                       (128, 64, 32, 8, 3), (64, 128, 32, 8, 3)):
+                kr.SCORE_BM, kr.SCORE_BN, kr.SCORE_DK, kr.SCORE_WARPS, kr.SCORE_STAGES = bm, bn, dk, w, stg
+                _P.timed(d, f"route_scores_bm{bm}_bn{bn}_dk{dk}_w{w}_st{stg}_ms", once)
+        finally:
+            kr.SCORE_BM, kr.SCORE_BN, kr.SCORE_DK, kr.SCORE_WARPS, kr.SCORE_STAGES = kkeep
         try:
             d["profile_route_default"] = None
             kr.SELECT_KEYS, kr.SELECT_WARPS, kr.SCORE_DK, kr.SCORE_WARPS = keep[4:]

@@ -242,6 +242,13 @@ SELECT_WARPS = 4
 # 128-long sums differently per output column, which breaks exact ties the tests rely on
 SCORE_DK = 16 if _INTERPRET else 128
 SCORE_WARPS = 4
+# the scores kernel's output tile and load pipeline (defaults: the measured 64 x 64, unpipelined). sm_90a with the
+# launcher's hints (Triton 3.6, ptxas): 64 x 64 at D-slices of 32, 8 warps, 3 stages 152 registers, no spills,
+# 80 KB shared, cp.async-staged slices; 128 x 64 244 registers, 112 KB (half the operand reads per score). Not yet
+# timed on a GPU: bench/pieces_sweep.py sweeps them
+SCORE_BM = 64
+SCORE_BN = 64
+SCORE_STAGES = 1
 # which select kernel: "pieces" (kernels/triton/select.py: one warp per program, the row in one or two
 # power-of-two pieces, its own knobs there) or "bits" (_select_kernel above, SELECT_KEYS / SELECT_WARPS)
 SELECT_IMPL = "pieces"
@@ -289,10 +296,10 @@ def route(st, cfg: SparseConfig, dtype: torch.dtype, *, score_bytes: int = 256 *
     try:
         for h0 in range(0, HC, hsub):
             hs = min(hsub, HC - h0)
-            _scores_kernel[(triton.cdiv(n, 64), triton.cdiv(n, 64), B * hs)](
+            _scores_kernel[(triton.cdiv(n, SCORE_BM), triton.cdiv(n, SCORE_BN), B * hs)](
                 *stat_args, score, vbias, *hargs, n, npart, HC, h0, hs, *common, scale, 0.5 * scale * scale,
-                math.log(cfg.block_size), 1.0 / n, D=D, BM=64, BN=64, DK=min(SCORE_DK, D), PWT=pwt, COV=cov,
-                FINAL_H=final_h, PREC=_PREC, num_warps=SCORE_WARPS, num_stages=1,
+                math.log(cfg.block_size), 1.0 / n, D=D, BM=SCORE_BM, BN=SCORE_BN, DK=min(SCORE_DK, D), PWT=pwt,
+                COV=cov, FINAL_H=final_h, PREC=_PREC, num_warps=SCORE_WARPS, num_stages=SCORE_STAGES,
             )
             _select(score, idx, vbias, n, kmax, HC, h0, hs, k, common, B * hs)
     except OutOfResources as e:
