@@ -1,11 +1,12 @@
 # One H200 round of everything that is pending a GPU, in five device calls to the same warm machine (it goes cold
 # ~30 s after a call: start each call right after the previous one returns). Run from the repo root:
-#   call A: carry [".carry/cs_a"]                     command: bash bench/gpu_round.sh A
+#   call A: carry [".carry/cs_a", ".carry/old"]       command: bash bench/gpu_round.sh A
 #   call B: carry [".carry/cs_b"]                     command: bash bench/gpu_round.sh B
 #   call C: carry [".carry/old"]                      command: bash bench/gpu_round.sh C
 #   call D: carry [".carry/old"]                      command: bash bench/gpu_round.sh D
 #   call E: carry [".carry/comfy"]                    command: bash bench/gpu_round.sh E
-# A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh) and runs the Triton-only GPU tests;
+# A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
+# times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
 # softmax earlier, both) and the kernel's own output permutation on the Morton path (bench/probes/cute_out_perm.py),
 # then runs the CuTe and CUDA-graph GPU tests with what measured faster (C and D then run with it too); C times every
@@ -32,8 +33,11 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$OUT/round.
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$OUT/round.log" 2>&1
 case "$PHASE" in
 A)
-    run_tests triton 330 tests/test_triton_gpu.py tests/test_api_errors.py
-    run_tests backward 200 tests/test_backward_gpu.py
+    run_tests triton 280 tests/test_triton_gpu.py tests/test_api_errors.py
+    run_tests backward 160 tests/test_backward_gpu.py
+    log "triton_morton probe"
+    timeout 120 python bench/probes/triton_morton.py .carry/old > "$OUT/triton_morton.txt" 2>&1
+    log "triton_morton $(tail -1 "$OUT/triton_morton.txt" | cut -c1-600)"
     ;;
 B)
     python -c "import cutlass" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable: run A then B back to back"; exit 1; }
