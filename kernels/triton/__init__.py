@@ -260,13 +260,13 @@ def _forward_gathered(q, k, v, cfg, perm, fperm, n_prefix, config, scratch, atte
     copies keep their TMA loads. Scratch: 2 x hc / H x q's bytes for the copies, the heads chunked so that
     stays under PSA_MORTON_SCRATCH x q (default 1; copies up to MORTON_FLOOR in one chunk) + the statistics.
 
-    An attention that takes no permutation (CuTe's) gets q copied too and writes its block-order output over that
-    copy (each program reads its own query rows before it writes the same rows, and no other program reads them);
-    one scatter then puts it into the caller's layout (or, when it says `writes_out_perm()`, it writes the
-    output rows through `fperm` straight into the caller's layout): 3x q's bytes + the statistics, one chunk
-    unless the statistics budget splits the heads. Such an attention must never run twice on the same arguments (the second
-    run would read the first one's output as its queries): the CuTe kernel runs once per call; Triton's autotuner
-    re-runs a kernel, which is why this backend's own attention takes the permutation instead."""
+    An attention that takes no permutation (CuTe's) gets q copied too and writes its block-order output over
+    that copy (each program reads its own query rows before it writes the same rows, and no other program reads
+    them); one scatter then puts it into the caller's layout (or, when it says `writes_out_perm()`, it writes
+    the output rows through `fperm` straight into the caller's layout): 3x q's bytes + the statistics, one
+    chunk unless the statistics budget splits the heads. Such an attention must never run twice on the same
+    arguments (the second run would read the first one's output as its queries): the CuTe kernel runs once per
+    call; Triton's autotuner re-runs a kernel, which is why this backend's own attention takes the permutation."""
     B, H, T, D = q.shape
     hc, score_bytes = _chunking(q, cfg, None, scratch)
     kw = {} if config is None else {"config": config}
