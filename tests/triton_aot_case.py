@@ -25,20 +25,21 @@ BF, F32, I32 = "*bf16", "*fp32", "*i32"
 RES = {}
 
 
-def compile_one(name, fn, types, constexprs, warps, stages):
+def compile_one(name, fn, types, constexprs, warps, stages, cc=90):
     params = inspect.signature(fn.fn if hasattr(fn, "fn") else fn).parameters
     sig = {p: ("constexpr" if p in constexprs else types.get(p, "i32")) for p in params}
     rec = RES[name] = {"warps": warps, "stages": stages}
     try:
-        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs), target=TARGET,
+        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs),
+                           target=TARGET if cc == 90 else GPUTarget("cuda", cc, 32),
                            options={"num_warps": warps, "num_stages": stages})
         rec["compiled"] = True
         rec["shared_bytes"] = k.metadata.shared
         with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
             f.write(k.asm["ptx"])
         if os.path.exists(PTXAS):
-            p = subprocess.run([PTXAS, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull], capture_output=True,
-                               text=True)
+            p = subprocess.run([PTXAS, "-v", "--gpu-name", "sm_90a" if cc == 90 else f"sm_{cc}", f.name, "-o",
+                                os.devnull], capture_output=True, text=True)
             rec["ptxas_rc"] = p.returncode
             regs = re.findall(r"Used (\d+) registers", p.stderr)
             spills = re.findall(r"(\d+) bytes spill stores", p.stderr)
@@ -80,6 +81,10 @@ tma_types = {**fwd_types, "KD": "tensordesc<bf16[1,1,64,128]>", "VD": "tensordes
 compile_one("fwd_pwt_morton_qo_perm_tma", fwd._psa_fwd_kernel, tma_types,
             dict(common, BLOCK_N=64, BLOCK_V=64, APPROX=True, HAS_PERM=True, USE_TMA=True, HAS_HSCALE=False,
                  KV_PERM=False), 4, 2)
+# before Hopper (RTX 4090: sm_89) the 8-warp pointer config the autotuner is offered there (4 warps spill)
+compile_one("fwd_pwt_sm89_w8", fwd._psa_fwd_kernel, fwd_types,
+            dict(common, BLOCK_N=64, BLOCK_V=64, APPROX=True, HAS_PERM=False, USE_TMA=False, HAS_HSCALE=False), 8, 2,
+            cc=89)
 # ... and the statistics kernel that writes those k, v copies (no q copy)
 compile_one("stats_pwt_gather_kv", stats._block_stats_kernel,
             {**{n: BF for n in ("Q", "K", "V", "KBAR_LP", "VMEAN_LP", "QG", "KG", "VG")},

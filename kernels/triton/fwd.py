@@ -31,7 +31,7 @@ except Exception:  # older Triton
     TensorDescriptor = None
 
 
-def _configs(tma: bool = False):
+def _configs(tma: bool = False, arch=None):
     if _INTERPRET:
         return [triton.Config({"BLOCK_N": 128, "BLOCK_V": 64, "USE_TMA": False}, num_warps=4, num_stages=1)]
     # BLOCK_M is fixed at one 64-row query block (routing is per query block). H200 sweep at
@@ -44,6 +44,11 @@ def _configs(tma: bool = False):
     if tma:
         cfgs = [triton.Config({"BLOCK_N": 64, "BLOCK_V": bv, "USE_TMA": True}, num_warps=4, num_stages=2)
                 for bv in (64, 128)] + cfgs[:1]
+    elif isinstance(arch, tuple) and arch[0] < 9:
+        # before Hopper every 4-warp config of pisa / pwt spills (ptxas for sm_80 / sm_89, Triton 3.8: 144-336
+        # bytes at head_dim 128); 8 warps do not (167-179 registers). Not timed on such a GPU: offered to the
+        # autotuner, which times it there on the first call
+        cfgs.append(triton.Config({"BLOCK_N": 64, "BLOCK_V": 64, "USE_TMA": False}, num_warps=8, num_stages=2))
     return cfgs
 
 
@@ -195,7 +200,7 @@ def _tuner(device, tma: bool):
     t = _tuners.get(key)
     if t is None:
         with _tune_lock:
-            t = _tuners.setdefault(key, triton.autotune(configs=_configs(tma), key=_KEY)(_psa_fwd_kernel))
+            t = _tuners.setdefault(key, triton.autotune(configs=_configs(tma, arch), key=_KEY)(_psa_fwd_kernel))
     return t
 
 
