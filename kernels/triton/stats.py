@@ -30,7 +30,7 @@ import triton.language as tl
 from ..config import SparseConfig
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-from .stats2 import _qk_sums_tc_kernel
+from .stats2 import _column_split, _qk_sums_tc_kernel, _rows
 from .route import (bias_dtype, kernel_scratch_bytes, route, route_in_kernel, route_torch,  # noqa: F401
                     set_route_failed, vbias_from_routing)
 
@@ -53,12 +53,8 @@ def _block_stats_kernel(
     that feed reductions rather than dots). With GATHER (and PERM) the tiles read through the permutation are
     also written, in block order, to KG / VG (and QG with GATHER_Q): the Morton gather rides on the statistics'
     read."""
-    i_gs, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NSPLIT: tl.constexpr = D // DB
-    i_g = i_gs // NSPLIT
-    i_s = i_gs % NSPLIT
-    i_bh = i_b * HC + i_h
-    o_d = i_s * DB + tl.arange(0, DB)
+    i_g, i_s, i_b, i_h, i_bh, o_d = _column_split(HC, D=D, DB=DB)
     p_q = Q + i_b * sq_b + i_h * sq_h
     p_k = K + i_b * sk_b + i_h * sk_h
     p_v = V + i_b * sv_b + i_h * sv_h
@@ -90,10 +86,7 @@ def _stats_load(p_q, p_k, p_v, PERM, sq_t, sk_t, sv_t, T, j, ok, o_d, BS: tl.con
     """Block j's [BS, DB] tiles of q, k (and v) in the input dtype (zeros past T, or everywhere when not ok)."""
     o_t = j * BS + tl.arange(0, BS)
     m_t = (o_t < T) & ok
-    if HAS_PERM:
-        o_r = tl.load(PERM + o_t, mask=m_t, other=0).to(tl.int64)
-    else:
-        o_r = o_t.to(tl.int64)
+    o_r = _rows(PERM, o_t, m_t, HAS_PERM=HAS_PERM)
     b_q = tl.load(p_q + o_r[:, None] * sq_t + o_d[None, :], mask=m_t[:, None], other=0.0)
     b_k = tl.load(p_k + o_r[:, None] * sk_t + o_d[None, :], mask=m_t[:, None], other=0.0)
     if NEED_V:
@@ -162,7 +155,7 @@ def _hsum_kernel(
     for j in range(j0, j1):
         o_t = j * BS + o_m
         m_t = o_t < T
-        if HAS_PERM:
+        if HAS_PERM:  # inline, not _rows: that call moved this kernel's sm_90a schedule (967 -> 983 instructions)
             o_r = tl.load(PERM + o_t, mask=m_t, other=0).to(tl.int64)
         else:
             o_r = o_t.to(tl.int64)
@@ -197,10 +190,7 @@ def _hnorm_kernel(
     o_d = tl.arange(0, D)
     o_t = j * BS + o_m
     m_t = o_t < T
-    if HAS_PERM:
-        o_r = tl.load(PERM + o_t, mask=m_t, other=0).to(tl.int64)
-    else:
-        o_r = o_t.to(tl.int64)
+    o_r = _rows(PERM, o_t, m_t, HAS_PERM=HAS_PERM)
     cnt = tl.minimum(T - j * BS, BS).to(tl.float32)
     b_k = tl.load(K + i_b * sk_b + i_h * sk_h + o_r[:, None] * sk_t + o_d[None, :], mask=m_t[:, None], other=0.0)
     b_kf = b_k.to(tl.float32)

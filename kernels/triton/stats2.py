@@ -14,6 +14,28 @@ import triton.language as tl
 
 
 @triton.jit
+def _rows(PERM, o_t, m_t, HAS_PERM: tl.constexpr):
+    """int64 rows of the caller's tensor that block-order positions o_t read: PERM[o_t] (Morton), else o_t; the
+    statistics kernels here and in stats.py share it."""
+    if HAS_PERM:
+        o_r = tl.load(PERM + o_t, mask=m_t, other=0).to(tl.int64)
+    else:
+        o_r = o_t.to(tl.int64)
+    return o_r
+
+
+@triton.jit
+def _column_split(HC, D: tl.constexpr, DB: tl.constexpr):
+    """(block group, column split, batch, head, batch * HC + head, the DB columns) of a statistics program whose
+    first grid axis runs over block groups x D // DB column splits."""
+    i_gs, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    NSPLIT: tl.constexpr = D // DB
+    i_g = i_gs // NSPLIT
+    i_s = i_gs % NSPLIT
+    return i_g, i_s, i_b, i_h, i_b * HC + i_h, i_s * DB + tl.arange(0, DB)
+
+
+@triton.jit
 def _colsum_dot(ONES, b_x, PREC: tl.constexpr):
     """[BS, DB] -> [64, DB] float32, every row the column sum of b_x (tensor cores: ones x tile)."""
     if PREC == 0:
@@ -33,12 +55,7 @@ def _qk_sums_tc_kernel(
     """q-bar and k-bar of G blocks per program, DB columns, the column sums on tensor cores (ones[64, BS] x tile;
     row 0 of the [64, DB] result stored) instead of cross-warp tl.sum: no shared-memory reduction chain per block,
     and the loads are staged (cp.async, STAGES deep) ahead of use."""
-    i_gs, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    NSPLIT: tl.constexpr = D // DB
-    i_g = i_gs // NSPLIT
-    i_s = i_gs % NSPLIT
-    i_bh = i_b * HC + i_h
-    o_d = i_s * DB + tl.arange(0, DB)
+    i_g, i_s, i_b, i_h, i_bh, o_d = _column_split(HC, D=D, DB=DB)
     o_m = tl.arange(0, BS)
     o_row = tl.arange(0, 64)
     p_q = Q + i_b * sq_b + i_h * sq_h
@@ -52,10 +69,7 @@ def _qk_sums_tc_kernel(
     for j in tl.range(j0, j1, num_stages=STAGES):
         o_t = j * BS + o_m
         m_t = o_t < T
-        if HAS_PERM:
-            o_r = tl.load(PERM + o_t, mask=m_t, other=0).to(tl.int64)
-        else:
-            o_r = o_t.to(tl.int64)
+        o_r = _rows(PERM, o_t, m_t, HAS_PERM=HAS_PERM)
         b_q = tl.load(p_q + o_r[:, None] * sq_t + o_d[None, :], mask=m_t[:, None], other=0.0)
         cnt = tl.minimum(T - j * BS, BS).to(tl.float32)
         p_s = (i_bh * N + j) * D + o_d[None, :] + o_row[:, None] * 0
