@@ -237,12 +237,13 @@ MORTON_FLOOR = 256 * 2**20  # copies this small never split the heads: there lau
 def _copy_heads(q, n_copies: int, frac: float | None = None) -> int:
     """Heads per chunk so that `n_copies` block-order [B, hc, T, D] copies stay under max(frac x bytes(q),
     MORTON_FLOOR) (frac: PSA_MORTON_SCRATCH, default 1; 0 or less: never split)."""
-    B, H, T, D = q.shape
+    H = q.shape[1]
     frac = _morton_fraction() if frac is None else frac
-    per_head = n_copies * B * T * D * q.element_size()
+    q_bytes = q.numel() * q.element_size()
+    per_head = n_copies * q_bytes // H
     if frac <= 0 or per_head * H <= MORTON_FLOOR:
         return H
-    return max(1, min(H, int(max(frac * per_head * H / n_copies, MORTON_FLOOR) // per_head)))
+    return max(1, min(H, int(max(frac * q_bytes, MORTON_FLOOR) // per_head)))
 
 
 def _even_chunks(H: int, hc: int) -> int:
