@@ -5,6 +5,7 @@
 #   call C: carry [".carry/old"]                      command: bash bench/gpu_round.sh C
 #   call D: carry [".carry/old"]                      command: bash bench/gpu_round.sh D
 #   call E: carry [".carry/comfy"]                    command: bash bench/gpu_round.sh E
+# session 6's round, after A-E: F (carry [".carry/cs_a"]), G (carry [".carry/cs_b"]), E.
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
 # times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
@@ -15,6 +16,7 @@
 # (bench/pieces_sweep.py: the statistics kernel at 1-2 warps among them); D the same at 720p and
 # re-measures the break-even table (nodes/breakeven_h200.json); E the whole DiT step (bench/dit_step.py, ComfyUI's
 # comfy/ in .carry/comfy).
+# Tests run in 4 pytest-xdist workers (PSA_XDIST; the image has pytest-xdist): they are bound by compiles.
 # Every result lands under $OUT; a step that runs past its timeout is cut and the next one still runs.
 set -u
 PHASE=${1:?usage: bash bench/gpu_round.sh A|B|C|D|E}
@@ -26,15 +28,14 @@ log() { echo "[gpu_round $PHASE $(date -u +%H:%M:%S)] $*" | tee -a "$OUT/round.l
 run_tests() {  # name, timeout, pytest args...
     local name=$1 t=$2; shift 2
     log "pytest $name"
-    timeout "$t" python -m pytest -q -p no:cacheprovider -m gpu "$@" > "$OUT/tests_$name.log" 2>&1
+    timeout "$t" python -m pytest -q -p no:cacheprovider -n "${PSA_XDIST:-4}" -m gpu "$@" > "$OUT/tests_$name.log" 2>&1
     log "pytest $name rc=$? $(tail -1 "$OUT/tests_$name.log")"
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$OUT/round.log" 2>&1
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$OUT/round.log" 2>&1
 case "$PHASE" in
 A)
-    run_tests triton 280 tests/test_triton_gpu.py tests/test_api_errors.py
-    run_tests backward 160 tests/test_backward_gpu.py
+    run_tests triton 300 tests/test_triton_gpu.py tests/test_api_errors.py tests/test_backward_gpu.py
     log "triton_morton probe"
     timeout 120 python bench/probes/triton_morton.py .carry/old > "$OUT/triton_morton.txt" 2>&1
     log "triton_morton $(tail -1 "$OUT/triton_morton.txt" | cut -c1-600)"
@@ -80,8 +81,7 @@ EOF
     log "out_perm decision: PSA_CUTE_OUT_PERM=$OP ($(tail -1 "$OUT/cute_out_perm.txt" | cut -c1-600))"
     export PSA_CUTE_OUT_PERM=$OP
     echo "export PSA_CUTE_BIAS_L2=$L2 PSA_CUTE_BIAS_PF=$PF PSA_CUTE_OUT_PERM=$OP" > "$STASH/bias_env"
-    run_tests cute 240 tests/test_cute_gpu.py tests/test_nonfinite.py
-    run_tests graphs 120 tests/test_graphs_gpu.py
+    run_tests cute 240 tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
     ;;
 C)
     python -c "import cutlass" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: pieces runs Triton only"
@@ -101,6 +101,21 @@ E)
     log "dit_step"
     timeout 560 python bench/dit_step.py --comfy .carry/comfy --out "$OUT/dit" --repeats 2 > "$OUT/dit.log" 2>&1
     log "dit_step rc=$?"
+    ;;
+F)  # session 6, first call (carry .carry/cs_a): the statistics / H-sum / routing sweeps at all three sizes, Triton
+    log "pieces sweep (triton)"
+    timeout 400 python bench/pieces.py --out "$OUT/pieces_f" --backends triton --sweep \
+        --shapes wan14,wan14_720,flux > "$OUT/pieces_f.log" 2>&1
+    log "pieces rc=$?"
+    run_tests triton 200 tests/test_triton_gpu.py tests/test_graphs_gpu.py
+    ;;
+G)  # second call (carry .carry/cs_b): every piece with the new defaults, both backends, Morton, FLUX as the node
+    # calls it, the break-even table
+    python -c "import cutlass" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: pieces runs Triton only"
+    log "pieces (new defaults)"
+    timeout 500 python bench/pieces.py --out "$OUT/pieces_g" --morton --flux-node --breakeven \
+        --shapes wan14,wan14_720,flux > "$OUT/pieces_g.log" 2>&1
+    log "pieces rc=$?"
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2 ;;

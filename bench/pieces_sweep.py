@@ -16,6 +16,7 @@ def bind(mod) -> None:
 
 STATS_VARIANTS = {  # drop's tensor-core column sums (stats.STATS_TC) against the split kernel; the split kernel's knobs
     "split": {"STATS_TC": False},
+    "w4_db64": {"STATS_WARPS": 4, "STATS_DB": 64},  # the default before session 6
     "tc": {},
     "tc_db128": {"STATS_TC_DB": 128},
     "tc_g16": {"STATS_TC_BLOCKS": 16},
@@ -76,6 +77,75 @@ def stats_variants(q, k, v, density, d):
             setattr(kts, n, keep[n])
 
 
+# the H-sum pass (stats._hsum_kernel): programs per SM (fractional: 1.8 makes Wan2.1-14B's 40 heads x 6 partials =
+# 240 programs fit one wave of 2 CTAs per SM, where 2 gives 7 partials = 280 programs, 16 in a second wave),
+# warps and pipeline stages
+HSUM_VARIANTS = {
+    "default": {},
+    "sm1": {"HSUM_CTAS_PER_SM": 1},
+    "sm1.8": {"HSUM_CTAS_PER_SM": 1.8},
+    "sm3": {"HSUM_CTAS_PER_SM": 3},
+    "sm4": {"HSUM_CTAS_PER_SM": 4},
+    "sm8": {"HSUM_CTAS_PER_SM": 8},
+    "st2": {"HSUM_STAGES": 2},
+    "st4": {"HSUM_STAGES": 4},
+    "sm1.8_st2": {"HSUM_CTAS_PER_SM": 1.8, "HSUM_STAGES": 2},
+    "w4": {"HSUM_WARPS": 4},
+}
+
+
+def kernel_ms(fn, reps=20):
+    """{kernel name: mean device ms per call} over `reps` calls of fn under torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    _P.sync()
+    with profile(activities=[ProfilerActivity.CUDA if _P.DEV == "cuda" else ProfilerActivity.CPU]) as prof:
+        for _ in range(reps):
+            fn()
+        _P.sync()
+    out = {}
+    for ev in prof.key_averages():
+        t = (getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)) if _P.DEV == "cuda" \
+            else ev.cpu_time_total
+        if t:
+            out[ev.key] = t / 1e3 / reps
+    return out
+
+
+def hsum_variants(q, k, v, density, d):
+    """The H-sum kernel's device time per HSUM_VARIANTS entry (hsum_<name>_ms, from the profiler over 20 calls; the
+    statistics kernel's beside it) and H-bar's distance from the default's (hsum_<name>_hbar_rel: the partials are
+    summed in another grouping)."""
+    from kernels.triton import stats as kts
+    cpwt = _P.cfg_of("pwt", density, q.shape[-1])
+    names = sorted({n for kv in HSUM_VARIANTS.values() for n in kv})
+    keep = {n: getattr(kts, n) for n in names}
+
+    def pwt_stats():
+        st = kts.block_stats(q, k, v, cpwt)
+        kts.finalize_hbar(st, st.kbar.shape[-2], q.dtype)
+        return st
+    try:
+        base = pwt_stats().hbar
+        for name, kv in HSUM_VARIANTS.items():
+            for n in names:
+                setattr(kts, n, kv.get(n, keep[n]))
+            try:
+                t = kernel_ms(lambda: kts.block_stats(q, k, v, cpwt))
+                d[f"hsum_{name}_ms"] = sum(x for key, x in t.items() if "hsum" in key)
+                d[f"hsum_{name}_stats_ms"] = sum(x for key, x in t.items() if "block_stats" in key)
+                hb = pwt_stats().hbar
+                d[f"hsum_{name}_hbar_rel"] = float((hb - base).norm() / base.norm())
+                _P.say(f"  hsum_{name}: {d[f'hsum_{name}_ms']:.4f} ms (statistics kernel "
+                       f"{d[f'hsum_{name}_stats_ms']:.4f}), H-bar rel {d[f'hsum_{name}_hbar_rel']:.1e}")
+            except Exception as e:
+                d[f"hsum_{name}_ms"] = f"failed: {type(e).__name__}: {str(e)[:200]}"
+                _P.say(f"  hsum_{name}: FAILED {d[f'hsum_{name}_ms']}")
+    finally:
+        for n in names:
+            setattr(kts, n, keep[n])
+
+
 def cute_qrs(d, kcf, q, k, v, st, idx, vbias, cdrop, cpwt):
     """The CuTe attention with the query tile in registers (q_rs) and in shared memory, alternated twice in one
     process, and the q_rs output's distance from the other (rel L2; the same arithmetic, so ~0)."""
@@ -99,6 +169,7 @@ def sweep(q, k, v, density, out):
             kr.SCORE_DK, kr.SCORE_WARPS)
     try:
         stats_variants(q, k, v, density, d)
+        hsum_variants(q, k, v, density, d)
         st = kts.block_stats(q, k, v, cpwt)
         from kernels.triton import select as ks
         skeep = (kr.SELECT_IMPL, ks.SELECT_BITS, ks.SELECT_PIECE_WARPS, ks.SELECT_PIECE_KEYS, ks.SELECT_SPLIT)

@@ -237,8 +237,14 @@ def _n_sm(device) -> int:
 # one block, 64 columns 0.84 / 1.91; run 6 of pieces_h200.md): the prefetch doubles the live tiles (246-255
 # registers, 2 CTAs per SM) and three one-block CTAs per SM already keep as many bytes in flight
 HSUM_CTAS_PER_SM = 2
-STATS_WARPS = 4
-STATS_DB = 64  # columns per statistics program
+HSUM_WARPS = 8  # at D >= 128 (4 below)
+HSUM_STAGES = 3
+# one warp per program over 32 columns (every row sum stays inside the warp: 5 barriers per block in the sm_90a
+# SASS instead of 25 at 4 warps over 64 columns). H200, torch.profiler kernel time of the pwt statistics kernel
+# (bench/pieces.py --sweep, 2026-12-01 session 6): Wan2.1-14B 480p 0.600 -> 0.333 ms, FLUX.1 1024^2 0.055 ->
+# 0.027 ms; 16 columns 0.338 / 0.034, two warps 0.375 / 0.036 at 32 columns, 0.634 / 0.057 at 16
+STATS_WARPS = 1
+STATS_DB = 32  # columns per statistics program
 STATS_BLOCKS = 1  # blocks per statistics program (a loop; with STATS_PREFETCH the next block's loads fly
 STATS_PREFETCH = False  # while this one's reductions run)
 STATS_MIN_WAVES = 8  # at least this many statistics programs per SM before blocks are grouped
@@ -340,7 +346,7 @@ def block_stats(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None,
     if need_h:
         _hsum_kernel[(npart, HC, B)](
             k, v, pm, kbar, fin, hpart, *strides[3:], HC, T, n, g, npart, D=D, BS=bs, NSPLIT=nsplit,
-            HAS_PERM=perm is not None, H_DOT=h_dot, num_warps=8 if D >= 128 else 4, num_stages=3,
+            HAS_PERM=perm is not None, H_DOT=h_dot, num_warps=HSUM_WARPS if D >= 128 else 4, num_stages=HSUM_STAGES,
         )
     st = TritonStats(kbar, qbar, q2, ksig2, kbar_lp, vmean_lp, None, None, None, hpart)
     if need_hnorm:
