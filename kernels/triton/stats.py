@@ -236,9 +236,18 @@ def _n_sm(device) -> int:
 # per program (480p / 720p pwt statistics: 8 blocks + prefetch 0.90 / 2.02 ms at 64 columns, 1.08 / 2.37 at 32;
 # one block, 64 columns 0.84 / 1.91; run 6 of pieces_h200.md): the prefetch doubles the live tiles (246-255
 # registers, 2 CTAs per SM) and three one-block CTAs per SM already keep as many bytes in flight
-HSUM_CTAS_PER_SM = 2
+def _env_num(name: str, default, cast):
+    try:
+        return cast(os.environ.get(name, "").strip() or default)
+    except ValueError:
+        return default
+
+
+# H-sum programs per SM (a float: a fraction lets a grid fit one wave) and pipeline stages; PSA_HSUM_* set them
+# for a bench process (read at import)
+HSUM_CTAS_PER_SM = _env_num("PSA_HSUM_CTAS_PER_SM", 2, float)
 HSUM_WARPS = 8  # at D >= 128 (4 below)
-HSUM_STAGES = 3
+HSUM_STAGES = _env_num("PSA_HSUM_STAGES", 3, int)
 # one warp per program over 32 columns (every row sum stays inside the warp: 5 barriers per block in the sm_90a
 # SASS instead of 25 at 4 warps over 64 columns). H200, torch.profiler kernel time of the pwt statistics kernel
 # (bench/pieces.py --sweep, 2026-12-01 session 6): Wan2.1-14B 480p 0.600 -> 0.333 ms, FLUX.1 1024^2 0.055 ->
