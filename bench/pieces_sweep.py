@@ -79,10 +79,11 @@ def stats_variants(q, k, v, density, d):
 
 # the H-sum pass (stats._hsum_kernel): programs per SM (fractional: 1.8 makes Wan2.1-14B's 40 heads x 6 partials =
 # 240 programs fit one wave of 2 CTAs per SM, where 2 gives 7 partials = 280 programs, 16 in a second wave),
-# warps and pipeline stages
+# warps and pipeline stages; session 6 measured them with 2 per SM as the default, now 4 (sm4)
 HSUM_VARIANTS = {
     "default": {},
     "sm1": {"HSUM_CTAS_PER_SM": 1},
+    "sm2": {"HSUM_CTAS_PER_SM": 2},
     "sm1.8": {"HSUM_CTAS_PER_SM": 1.8},
     "sm3": {"HSUM_CTAS_PER_SM": 3},
     "sm4": {"HSUM_CTAS_PER_SM": 4},

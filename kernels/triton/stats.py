@@ -229,13 +229,6 @@ def _n_sm(device) -> int:
     return 4
 
 
-# tuning knobs (bench/pieces.py --sweep; H200 numbers in bench/results/pieces_h200.md): the per-block kernel at
-# 4 warps beat 8 (Wan2.1-14B 480p pwt statistics 0.78 vs 1.24 ms with [64, 128] tiles); H-sum programs per SM
-# made no difference between 1 and 4 (the [D, D] accumulator allows one resident CTA at 8 warps). Programs over
-# several blocks, with or without the next block's tiles prefetched into registers, measured slower than one block
-# per program (480p / 720p pwt statistics: 8 blocks + prefetch 0.90 / 2.02 ms at 64 columns, 1.08 / 2.37 at 32;
-# one block, 64 columns 0.84 / 1.91; run 6 of pieces_h200.md): the prefetch doubles the live tiles (246-255
-# registers, 2 CTAs per SM) and three one-block CTAs per SM already keep as many bytes in flight
 def _env_num(name: str, default, cast):
     try:
         return cast(os.environ.get(name, "").strip() or default)
@@ -243,9 +236,20 @@ def _env_num(name: str, default, cast):
         return default
 
 
-# H-sum programs per SM (a float: a fraction lets a grid fit one wave) and pipeline stages; PSA_HSUM_* set them
-# for a bench process (read at import)
-HSUM_CTAS_PER_SM = _env_num("PSA_HSUM_CTAS_PER_SM", 2, float)
+# tuning knobs (bench/pieces.py --sweep; H200 numbers in bench/results/pieces_h200.md): the per-block kernel at
+# 4 warps beat 8 (Wan2.1-14B 480p pwt statistics 0.78 vs 1.24 ms with [64, 128] tiles; one warp, below, beats
+# both). Programs over several blocks, with or without the next block's tiles prefetched into registers, measured
+# slower than one block per program (480p / 720p pwt statistics: 8 blocks + prefetch 0.90 / 2.02 ms at 64
+# columns, 1.08 / 2.37 at 32; one block, 64 columns 0.84 / 1.91; run 6 of pieces_h200.md): the prefetch doubles
+# the live tiles (246-255 registers, 2 CTAs per SM) and three one-block CTAs per SM already keep as many bytes in
+# flight.
+# H-sum programs per SM (a float) and pipeline stages; PSA_HSUM_* set them for a bench process (read at import).
+# H200 (bench/pieces.py --sweep, session 6; profiler, 20 calls): 4 programs per SM 0.240 -> 0.205 ms at Wan2.1-14B
+# 480p, 0.543 -> 0.445 at 720p against 2 (1: 0.235 / 0.536; 8: 0.219 / 0.463; 2 or 4 stages, 4 warps slower at
+# both); at FLUX.1 1024^2 it would make 4-block programs (0.036 ms vs 0.026-0.027 for 7-14 blocks), hence the
+# floor of 8 blocks per program
+HSUM_CTAS_PER_SM = _env_num("PSA_HSUM_CTAS_PER_SM", 4, float)
+HSUM_MIN_BLOCKS = 8
 HSUM_WARPS = 8  # at D >= 128 (4 below)
 HSUM_STAGES = _env_num("PSA_HSUM_STAGES", 3, int)
 # one warp per program over 32 columns (every row sum stays inside the warp: 5 barriers per block in the sm_90a
@@ -279,10 +283,11 @@ def stats_blocks_per_program(n: int, programs_per_block: int, device=None) -> in
 
 def blocks_per_program(n: int, bh: int, device=None, per_sm: int | None = None) -> int:
     """G blocks per H-sum program: about `per_sm` programs per SM over all (batch, head) pairs, at least
-    4 blocks each and at most 64 partials of H per head (P = ceil(N / G))."""
+    HSUM_MIN_BLOCKS blocks each (never more than the head has) and at most 64 partials of H per head
+    (P = ceil(N / G))."""
     n_sm = _n_sm(device) if device is not None else 132
     per_sm = HSUM_CTAS_PER_SM if per_sm is None else per_sm
-    return max(4, math.ceil(n / 64), math.ceil(n * bh / (per_sm * n_sm)))
+    return max(min(HSUM_MIN_BLOCKS, n), math.ceil(n / 64), math.ceil(n * bh / (per_sm * n_sm)))
 
 
 def block_stats(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None, need_pwt: bool | None = None,
