@@ -82,3 +82,22 @@ def test_fast_backend_failure_uses_the_reference_or_raises_on_request(monkeypatc
         psa(q, k, v, density=0.5, backend="triton", on_failure="raise")
     with pytest.raises(ValueError, match="on_failure"):
         psa(q, k, v, on_failure="dense")
+
+
+def test_hsum_grid_keeps_at_least_eight_blocks_per_program_and_reads_its_knobs_from_the_environment(monkeypatch):
+    from kernels.triton import stats
+    # H200 (132 SMs), 4 programs per SM: Wan2.1-14B 480p (512 blocks, 40 heads) -> 39 blocks per program, FLUX.1
+    # 1024^2 (72 blocks, 24 heads) would get 4 -> the floor of 8; a head of 3 blocks is one program of 3
+    assert stats.HSUM_CTAS_PER_SM == 4 and stats.HSUM_MIN_BLOCKS == 8
+    assert stats.blocks_per_program(512, 40) == 39
+    assert stats.blocks_per_program(72, 24) == 8
+    assert stats.blocks_per_program(3, 1) == 3
+    assert stats.blocks_per_program(8192, 1) == 128  # at most 64 partials per head
+    assert stats.blocks_per_program(512, 40, per_sm=1.8) == 87  # 6 partials per head: 240 programs
+    # a bench process sets the knobs through PSA_HSUM_* (read at import); a malformed value keeps the default
+    monkeypatch.setenv("PSA_HSUM_CTAS_PER_SM", "1.8")
+    monkeypatch.setenv("PSA_HSUM_STAGES", "two")
+    assert stats._env_num("PSA_HSUM_CTAS_PER_SM", 4, float) == 1.8
+    assert stats._env_num("PSA_HSUM_STAGES", 3, int) == 3
+    monkeypatch.delenv("PSA_HSUM_STAGES")
+    assert stats._env_num("PSA_HSUM_STAGES", 3, int) == 3
