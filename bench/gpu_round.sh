@@ -76,12 +76,15 @@ if not lines:
     print(0); sys.exit()
 r = json.loads(lines[0][7:])
 print(int(all(d["maxdiff"] == 0.0 and all(d[f"op1_r{i}_ms"] < d[f"op0_r{i}_ms"] for i in range(2))
-              for d in r.values())))
+              for d in r.values() if isinstance(d, dict))))
 EOF
 )
     log "out_perm decision: PSA_CUTE_OUT_PERM=$OP ($(tail -1 "$OUT/cute_out_perm.txt" | cut -c1-600))"
     export PSA_CUTE_OUT_PERM=$OP
     echo "export PSA_CUTE_BIAS_L2=$L2 PSA_CUTE_BIAS_PF=$PF PSA_CUTE_OUT_PERM=$OP" > "$STASH/bias_env"
+    log "cute Morton copies: one chunk (0) against the head chunks (1)"
+    timeout 200 python bench/probes/cute_out_perm.py PSA_MORTON_SCRATCH 0 1 > "$OUT/cute_morton_chunks.txt" 2>&1
+    log "cute_morton_chunks $(tail -1 "$OUT/cute_morton_chunks.txt" | cut -c1-600)"
     run_tests cute 240 tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
     ;;
 C)

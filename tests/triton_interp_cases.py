@@ -460,27 +460,25 @@ def _():
                     "allocs_in_q": sorted(n / q_bytes for n in mode.sizes),
                     "hc": kt._even_chunks(4, kt._copy_heads(q, 2))}
             # an attention that takes no permutation (CuTe's): q copied too, block-order output scattered back
-            os.environ["PSA_MORTON_SCRATCH"] = "1"
-            mode = _BigAllocs(q_bytes // 4)
-            with mode:
-                o = kt._forward_impl(q, k, v, c, perm=perm, n_prefix=npre,
-                                     attention=lambda *a, **kw: fwd.attention(*a, **kw))
-            out[f"{var}_no_perm_attention"] = {"maxdiff_vs_separate": float((o - sep).abs().max()),
-                                               "allocs_in_q": sorted(n / q_bytes for n in mode.sizes)}
+            # (per chunk when the three copies split: at PSA_MORTON_SCRATCH=1 here 2 chunks of 2 heads)
 
-            # ... one that writes its output rows through the permutation (CuTe's OUT_PERM): row t of its
+            # ... or one that writes its output rows through the permutation (CuTe's OUT_PERM): row t of its
             # block-order result lands in row perm[t] of the caller's output, no scatter pass
             def out_perm_attention(qg, kg, vg, o_, *a, perm=None, **kw):
                 tmp = fwd.attention(qg, kg, vg, torch.empty_like(qg), *a, **kw)
                 o_[:, :, perm.long()] = tmp
                 return o_
             out_perm_attention.writes_out_perm = lambda: True
-            mode = _BigAllocs(q_bytes // 4)
-            with mode:
-                o = kt._forward_impl(q, k, v, c, perm=perm, n_prefix=npre, attention=out_perm_attention)
-            out[f"{var}_out_perm_attention"] = {"maxdiff_vs_separate": float((o - sep).abs().max()),
-                                                "keeps_layout": o.stride() == q.stride(),
-                                                "allocs_in_q": sorted(n / q_bytes for n in mode.sizes)}
+            for frac in ("1", "0"):
+                os.environ["PSA_MORTON_SCRATCH"] = frac
+                for name, att in (("no_perm", lambda *a, **kw: fwd.attention(*a, **kw)),
+                                  ("out_perm", out_perm_attention)):
+                    mode = _BigAllocs(q_bytes // 4)
+                    with mode:
+                        o = kt._forward_impl(q, k, v, c, perm=perm, n_prefix=npre, attention=att)
+                    out[f"{var}_{name}_attention_frac{frac}"] = {
+                        "maxdiff_vs_separate": float((o - sep).abs().max()), "keeps_layout": o.stride() == q.stride(),
+                        "allocs_in_q": sorted(n / q_bytes for n in mode.sizes)}
     finally:
         kt.MORTON_FLOOR = floor0
         if env0 is None:
@@ -493,6 +491,11 @@ def _():
     out["real_hc"] = {name: kt._even_chunks(s[1], kt._copy_heads(meta(*s), 2, 1.0)) for name, s in
                       (("wan14_480p", (1, 40, 32760, 128)), ("wan14_720p", (1, 40, 75600, 128)),
                        ("wan13_480p", (1, 12, 32760, 128)), ("flux_1024", (1, 24, 4608, 128)))}
+    # the three copies of an attention without a permutation: both limits x 1.5, so the same chunks
+    out["real_hc_3copies"] = {
+        name: kt._even_chunks(s[1], kt._copy_heads(meta(*s), 3, 1.5, int(1.5 * kt.MORTON_FLOOR))) for name, s in
+        (("wan14_480p", (1, 40, 32760, 128)), ("wan14_720p", (1, 40, 75600, 128)),
+         ("wan13_480p", (1, 12, 32760, 128)), ("flux_1024", (1, 24, 4608, 128)))}
     return out
 
 

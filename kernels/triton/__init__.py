@@ -8,7 +8,8 @@ Nothing here recompiles per shape: T, N, K (so density) are runtime arguments; t
 (dtype, head_dim, variant family, fused reorder or not). Scratch (statistics, routing, bias rows) is kept
 under `PSA_TRITON_SCRATCH` x the bytes of q (default 0.5) by processing the heads in chunks; the routing's
 float32 scores take at most score_budget() more. With a Morton permutation the statistics kernel also writes
-block-order copies of k and v, kept under `PSA_MORTON_SCRATCH` x q (default 1) the same way (_forward_gathered).
+block-order copies of k and v (and q for an attention that takes no permutation: CuTe's), kept under
+`PSA_MORTON_SCRATCH` x q (default 1; 1.5 for three copies) the same way (_forward_gathered).
 """
 from __future__ import annotations
 
@@ -234,16 +235,17 @@ def _morton_fraction() -> float:
 MORTON_FLOOR = 256 * 2**20  # copies this small never split the heads: there launches, not memory, cost
 
 
-def _copy_heads(q, n_copies: int, frac: float | None = None) -> int:
+def _copy_heads(q, n_copies: int, frac: float | None = None, floor: int | None = None) -> int:
     """Heads per chunk so that `n_copies` block-order [B, hc, T, D] copies stay under max(frac x bytes(q),
-    MORTON_FLOOR) (frac: PSA_MORTON_SCRATCH, default 1; 0 or less: never split)."""
+    floor) (frac: PSA_MORTON_SCRATCH, default 1; 0 or less: never split; floor: MORTON_FLOOR)."""
     H = q.shape[1]
     frac = _morton_fraction() if frac is None else frac
+    floor = MORTON_FLOOR if floor is None else floor
     q_bytes = q.numel() * q.element_size()
     per_head = n_copies * q_bytes // H
-    if frac <= 0 or per_head * H <= MORTON_FLOOR:
+    if frac <= 0 or per_head * H <= floor:
         return H
-    return max(1, min(H, int(max(frac * q_bytes, MORTON_FLOOR) // per_head)))
+    return max(1, min(H, int(max(frac * q_bytes, floor) // per_head)))
 
 
 def _even_chunks(H: int, hc: int) -> int:
@@ -263,9 +265,11 @@ def _forward_gathered(q, k, v, cfg, perm, fperm, n_prefix, config, scratch, atte
 
     An attention that takes no permutation (CuTe's) gets q copied too and writes its block-order output over
     that copy (each program reads its own query rows before it writes the same rows, and no other program reads
-    them); one scatter then puts it into the caller's layout (or, when it says `writes_out_perm()`, it writes
-    the output rows through `fperm` straight into the caller's layout): 3x q's bytes + the statistics, one
-    chunk unless the statistics budget splits the heads. Such an attention must never run twice on the same
+    them); a scatter then puts it into the caller's layout (or, when it says `writes_out_perm()`, it writes
+    the output rows through `fperm` straight into the caller's layout). Its three copies are budgeted like the
+    two above, both limits scaled by 1.5, so the heads split exactly where this backend's do: in one chunk
+    3x q's bytes + the statistics and one scatter at the end; in several (Wan2.1-14B: 2 of 20 heads) 3 x hc / H
+    x q and one scatter per chunk into the caller's output. Such an attention must never run twice on the same
     arguments (the second run would read the first one's output as its queries): the CuTe kernel runs once per
     call; Triton's autotuner re-runs a kernel, which is why this backend's own attention takes the permutation."""
     B, H, T, D = q.shape
@@ -284,25 +288,30 @@ def _forward_gathered(q, k, v, cfg, perm, fperm, n_prefix, config, scratch, atte
             attention(q[:, h0:h1], kg, vg, out[:, h0:h1], st, idx, vbias, cfg, perm=fperm, kv_perm=False, **kw)
             del st, idx, vbias, kg, vg
         return out
-    g = torch.empty((3, B, H, T, D), device=q.device, dtype=q.dtype)
+    hc = _even_chunks(H, min(hc, _copy_heads(q, 3, 1.5 * _morton_fraction(), int(1.5 * MORTON_FLOOR))))
     # an attention that writes the output rows through the permutation itself fills the caller's layout
     # directly (no scatter pass); else its block-order output goes over the q copy
     writes = getattr(attention, "writes_out_perm", None)
-    out = _output_like(q) if writes is not None and writes() else None
+    direct = writes is not None and writes()
+    # in one chunk the output is allocated only after the statistics are freed (the peak is the head loop's,
+    # copies + scratch, or the copies + the output at the scatter, never both); chunks scatter as they go
+    out = _output_like(q) if direct or hc < H else None
+    g = torch.empty((3, B, hc, T, D), device=q.device, dtype=q.dtype)
     for h0 in range(0, H, hc):
         h1 = min(H, h0 + hc)
-        qg, kg, vg = g[0, :, h0:h1], g[1, :, h0:h1], g[2, :, h0:h1]
+        qg, kg, vg = g[0, :, :h1 - h0], g[1, :, :h1 - h0], g[2, :, :h1 - h0]
         st = _stats.block_stats(q[:, h0:h1], k[:, h0:h1], v[:, h0:h1], cfg, perm=fperm, gathered=(qg, kg, vg))
         idx, vbias = _stats.route(st, cfg, q.dtype, score_bytes=score_bytes)
-        if out is None:
-            attention(qg, kg, vg, qg, st, idx, vbias, cfg, **kw)  # the output over the q copy
-        else:
+        if direct:
             attention(qg, kg, vg, out[:, h0:h1], st, idx, vbias, cfg, perm=fperm, **kw)
-        del st, idx, vbias, qg, kg, vg
+        else:
+            attention(qg, kg, vg, qg, st, idx, vbias, cfg, **kw)  # the output over the q copy
+        del st, idx, vbias
+        if not direct and out is not None:
+            _scatter_into(qg, perm, n_prefix, out[:, h0:h1])
+        del qg, kg, vg
     if out is not None:
         return out
-    # the output is allocated only after the last chunk's statistics are freed: the peak is the head loop's
-    # (copies + scratch), or the copies + the output at the scatter, never both
     return _scatter_into(g[0], perm, n_prefix, _output_like(q))
 
 
