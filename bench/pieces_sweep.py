@@ -38,6 +38,19 @@ STATS_VARIANTS = {  # drop's tensor-core column sums (stats.STATS_TC) against th
 }
 
 
+def _knobs(mod, variants):
+    """(the knob names the variants set, their current values in `mod`)."""
+    names = sorted({n for kv in variants.values() for n in kv})
+    return names, {n: getattr(mod, n) for n in names}
+
+
+def _pwt_stats(kts, q, k, v, cfg):
+    """pwt statistics with H-bar reduced (kernels.triton.stats)."""
+    st = kts.block_stats(q, k, v, cfg)
+    kts.finalize_hbar(st, st.kbar.shape[-2], q.dtype)
+    return st
+
+
 def stats_variants(q, k, v, density, d):
     """Time each STATS_VARIANTS entry on pwt and drop (stats_<name>_pwt_ms / _drop_ms), its largest difference
     from the default's statistics (stats_<name>_maxdiff: k-bar, q-bar, q^2, sigma^2 absolute; H-bar relative)
@@ -45,13 +58,10 @@ def stats_variants(q, k, v, density, d):
     from kernels.triton import stats as kts
     D = q.shape[-1]
     cpwt, cdrop = _P.cfg_of("pwt", density, D), _P.cfg_of("drop", density, D)
-    names = sorted({n for kv in STATS_VARIANTS.values() for n in kv})
-    keep = {n: getattr(kts, n) for n in names}
+    names, keep = _knobs(kts, STATS_VARIANTS)
 
     def pwt_stats():
-        st = kts.block_stats(q, k, v, cpwt)
-        kts.finalize_hbar(st, st.kbar.shape[-2], q.dtype)
-        return st
+        return _pwt_stats(kts, q, k, v, cpwt)
     try:
         base = pwt_stats()
         base_drop = kts.block_stats(q, k, v, cdrop)
@@ -119,13 +129,10 @@ def hsum_variants(q, k, v, density, d):
     summed in another grouping)."""
     from kernels.triton import stats as kts
     cpwt = _P.cfg_of("pwt", density, q.shape[-1])
-    names = sorted({n for kv in HSUM_VARIANTS.values() for n in kv})
-    keep = {n: getattr(kts, n) for n in names}
+    names, keep = _knobs(kts, HSUM_VARIANTS)
 
     def pwt_stats():
-        st = kts.block_stats(q, k, v, cpwt)
-        kts.finalize_hbar(st, st.kbar.shape[-2], q.dtype)
-        return st
+        return _pwt_stats(kts, q, k, v, cpwt)
     try:
         base = pwt_stats().hbar
         for name, kv in HSUM_VARIANTS.items():
