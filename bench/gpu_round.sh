@@ -5,7 +5,8 @@
 #   call C: carry [".carry/old"]                      command: bash bench/gpu_round.sh C
 #   call D: carry [".carry/old"]                      command: bash bench/gpu_round.sh D
 #   call E: carry [".carry/comfy"]                    command: bash bench/gpu_round.sh E
-# session 6's round, after A-E: F (carry [".carry/cs_a"]), G (carry [".carry/cs_b"]), E.
+# session 6's round, after A-E: F (carry [".carry/cs_a"]), G (carry [".carry/cs_b"]), E; P (no carry, after A and B):
+# Nsight Compute on the CuTe attention, drop vs pwt.
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
 # times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
@@ -142,6 +143,18 @@ G)  # second call (carry .carry/cs_b): every piece with the new defaults, both b
     timeout 500 python bench/pieces.py --out "$OUT/pieces_g" --morton --flux-node --breakeven \
         --shapes wan14,wan14_720,flux > "$OUT/pieces_g.log" 2>&1
     log "pieces rc=$?"
+    ;;
+P)  # after A and B (the cutlass-dsl site unpacked): Nsight Compute on the CuTe attention kernel, drop and pwt at
+    # 480p (bench/probes/virtual_ncu.py), for where the virtual tiles' time goes
+    python -c "import cutlass" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable: run A, B, then P"; exit 1; }
+    for var in drop pwt; do
+        log "ncu $var"
+        timeout 280 ncu --kernel-name regex:cutlass --launch-skip 1 --launch-count 1 --section WarpStateStats \
+            --section SchedulerStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+            --section LaunchStats --section Occupancy --csv python bench/probes/virtual_ncu.py $var \
+            > "$OUT/ncu_$var.csv" 2> "$OUT/ncu_$var.err"
+        log "ncu $var rc=$? $(wc -l < "$OUT/ncu_$var.csv") lines"
+    done
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2 ;;
