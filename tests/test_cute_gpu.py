@@ -206,24 +206,34 @@ def test_strided_views_as_comfyui_passes_them(variant):
     assert rel(out, ref) <= TRITON_TOL
 
 
+@pytest.mark.parametrize("chunked", [False, True])
 @pytest.mark.parametrize("out_perm", ["0", "1"])
 @pytest.mark.parametrize("variant", ["pwt", "pisa", "drop"])
-def test_morton_gathered_in_the_statistics_kernel_as_the_node_calls_it(variant, out_perm, monkeypatch):
+def test_morton_gathered_in_the_statistics_kernel_as_the_node_calls_it(variant, out_perm, chunked, monkeypatch):
     """kernels.api hands the Morton permutation to the backend: the statistics kernel writes block-order copies,
-    the CuTe kernel runs on them and writes its output over the q copy, which one scatter puts into the caller's
-    [B, L, H, D] layout; with PSA_CUTE_OUT_PERM=1 the kernel writes the output rows through the permutation
-    itself, straight into that layout. Same answer as gathering first and scattering after, at a Wan-like odd
-    grid with a 7-token prefix and B = 2."""
+    the CuTe kernel runs on them and writes its output over the q copy, which a scatter puts into the caller's
+    [B, L, H, D] layout (once, or once per head chunk when the copies split: `chunked` lowers MORTON_FLOOR so
+    this small problem runs 3 chunks of one head); with PSA_CUTE_OUT_PERM=1 the kernel writes the output rows
+    through the permutation itself, straight into that layout. Same answer as gathering first and scattering
+    after, at a Wan-like odd grid with a 7-token prefix and B = 2."""
     monkeypatch.setenv("PSA_CUTE_OUT_PERM", out_perm)
     from kernels import cute as kc
     from kernels import piecewise_sparse_attention as psa
+    from kernels import triton as kt_mod
     from kernels.reorder import orders_on
     grid, npre, (B, H, D) = MORTON_GRID, MORTON_PREFIX, MORTON_BHD
     q, k, v = node_layout_qkv(B, npre + math.prod(grid), H, D, seed=90)
     cfg = cfg_of(D, 0.125, variant)
     perm, inv = orders_on(grid, "cuda")
+    scatters = []
+    real_scatter = kt_mod._scatter_into
+    monkeypatch.setattr(kt_mod, "_scatter_into", lambda x, *a: scatters.append(x.shape[1]) or real_scatter(x, *a))
+    if chunked:
+        monkeypatch.setattr(kt_mod, "MORTON_FLOOR", 0)
+        monkeypatch.setenv("PSA_MORTON_SCRATCH", "1")
     out = psa(q, k, v, density=0.125, variant=variant, reorder="morton", grid=grid, n_prefix=npre, backend="cute",
               on_failure="raise")
+    assert scatters == ([] if out_perm == "1" else [1, 1, 1] if chunked else [H]), scatters
     assert out.stride() == q.stride()  # the node's transpose + reshape back to [B, L, H*D] is a view
     sep = kc.scatter_tokens(kc.forward(*(kc.gather_tokens(x, perm, npre) for x in (q, k, v)), cfg), perm, npre)
     assert torch.isfinite(out).all()
