@@ -101,3 +101,6 @@ def test_hsum_grid_keeps_at_least_eight_blocks_per_program_and_reads_its_knobs_f
     assert stats._env_num("PSA_HSUM_STAGES", 3, int) == 3
     monkeypatch.delenv("PSA_HSUM_STAGES")
     assert stats._env_num("PSA_HSUM_STAGES", 3, int) == 3
+    for bad in ("0", "-2", "nan"):  # never a zero or negative grid (nan compares False: the default)
+        monkeypatch.setenv("PSA_HSUM_CTAS_PER_SM", bad)
+        assert stats._env_num("PSA_HSUM_CTAS_PER_SM", 4, float) == 4

@@ -230,10 +230,12 @@ def _n_sm(device) -> int:
 
 
 def _env_num(name: str, default, cast):
+    """A positive number from the environment, else `default` (unset, malformed, zero or negative)."""
     try:
-        return cast(os.environ.get(name, "").strip() or default)
+        x = cast(os.environ.get(name, "").strip() or default)
     except ValueError:
         return default
+    return x if x > 0 else default
 
 
 # tuning knobs (bench/pieces.py --sweep; H200 numbers in bench/results/pieces_h200.md): the per-block kernel at
