@@ -201,6 +201,13 @@ def run_resolution(res: str, model, cfg: dict, args, env, results: dict) -> list
     t = torch.tensor([500.0], device=device)
     timer = Timer(device)
     row = {"resolution": res, "latent": [f, h, w], "tokens": tokens, "steps": {}}
+    # the backend auto picks at this size (a small probe would see the CuTe backend's small-problem rule)
+    heads = cfg["num_heads"]
+    probe = torch.empty(1, heads, tokens, cfg["dim"] // heads, device=device, dtype=dtype)
+    row["backend"], row["backend_reason"] = kernels.select_backend(
+        probe, env["SparseConfig"](scale=1.0, **{k: SPARSE_KNOBS[k] for k in ("variant", "density", "band")}),
+        args.backend)
+    del probe
     results["rows"].append(row)
     n_blocks = cfg["num_layers"]
 
@@ -248,6 +255,9 @@ def run_resolution(res: str, model, cfg: dict, args, env, results: dict) -> list
         policy.Knobs(dense_steps=0, dense_blocks=(), **SPARSE_KNOBS), family="wan", total_blocks=n_blocks)
     sparse_out = record("sparse", lambda: forward(options(patch, all_sparse, mid_sigma, sched, wrapper=True)),
                         expect_sparse=n_blocks, override=all_sparse)
+    if args.profile and torch.device(device).type == "cuda":
+        row["profile_sparse"] = profile_step(
+            lambda: forward(options(patch, all_sparse, mid_sigma, sched, wrapper=True)))
     proto = patch.SparseAttentionOverride(
         policy.Knobs(dense_steps=-1, dense_blocks=(0, -1), **SPARSE_KNOBS), family="wan", total_blocks=n_blocks)
     record("protocol_dense", lambda: forward(options(patch, proto, float(sched[0]), sched, wrapper=True)),
@@ -293,12 +303,29 @@ def run_resolution(res: str, model, cfg: dict, args, env, results: dict) -> list
     return failures
 
 
+def profile_step(fn, top: int = 16) -> list:
+    """[(kernel, device ms in one step, launches)] of one call of fn under torch.profiler, the largest first: how
+    the step's attention calls compare with the operator timed alone (bench/pieces.py)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    rows = [(ev.key, (getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)) / 1e3, ev.count)
+            for ev in prof.key_averages()]
+    rows = [r for r in rows if r[1] > 0]
+    return sorted(rows, key=lambda r: -r[1])[:top]
+
+
 def table(results: dict) -> str:
     lines = [f"# Whole DiT step: ComfyUI WanModel, {results['model_label']}, B=1, {results['device_name']}",
              "",
              f"{results['timestamp']}; torch {results['torch']}, triton {results.get('triton')}, ComfyUI "
              f"{results['comfyui']}; default attention `{results['default_attention']}`; sparse backend "
-             f"`{results.get('backend')}`; knobs {results['knobs']}; median of {results['repeats']} after 1 warm-up.",
+             + (", ".join(f"{r['resolution']} `{r['backend']}`" for r in results["rows"] if "backend" in r)
+                or f"`{results.get('backend')}`") + f"; knobs {results['knobs']}; median of {results['repeats']} after 1 warm-up.",
              "",
              "| res | tokens | dense SDPA | attention-free (bound) | attention share | FA4 dense | sparse all blocks | "
              "protocol dense step | protocol sparse step | 10-step protocol (2 dense + 8 sparse) |",
@@ -333,6 +360,10 @@ def table(results: dict) -> str:
                          f"({r['self_bound_speedup']:.2f}x) | {r['self_attention_s']:.3f} s | "
                          f"{r['cross_attention_s']:.3f} s | " + ("-" if ours is None else f"{ours:.3f} s") + " | "
                          + ("-" if not ours else f"{r['self_attention_s'] / ours:.2f}x") + " |")
+    for r in results["rows"]:
+        if r.get("profile_sparse"):
+            lines += ["", f"Kernels of one sparse step at {r['resolution']} (torch.profiler, device ms in the step, "
+                      "launches): " + "; ".join(f"{k[:48]} {ms:.1f} x{n}" for k, ms, n in r["profile_sparse"])]
     if results["failures"]:
         lines += ["", "FAILURES:"] + [f"- {f}" for f in results["failures"]]
     return "\n".join(lines) + "\n"
@@ -347,6 +378,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="tiny model and latent on CPU (smoke test)")
     ap.add_argument("--full-protocol", action="store_true", help="also run the 10 protocol steps back to back")
     ap.add_argument("--backend", default="auto", choices=["auto", "triton", "cute", "torch"])
+    ap.add_argument("--profile", action="store_true", help="also a kernel table of one sparse step (CUDA)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -396,7 +428,8 @@ def main(argv=None) -> int:
     model = build_model(wan, ops, cfg, device, dtype)
     results["build_s"] = time.perf_counter() - t0
     log.info("model built in %.1f s (%d params)", results["build_s"], sum(p.numel() for p in model.parameters()))
-    env = dict(kernels=kernels, patch=patch, policy=policy, device=device, dtype=dtype, fa4=fa4)
+    env = dict(kernels=kernels, patch=patch, policy=policy, device=device, dtype=dtype, fa4=fa4,
+               SparseConfig=SparseConfig)
     dispatch = getattr(kernels, "dispatch", None)
     for res in resolutions:
         results["failures"] += run_resolution(res, model, cfg, args, env, results)

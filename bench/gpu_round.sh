@@ -104,7 +104,7 @@ D)
     ;;
 E)
     log "dit_step"
-    timeout 560 python bench/dit_step.py --comfy .carry/comfy --out "$OUT/dit" --repeats 2 > "$OUT/dit.log" 2>&1
+    timeout 560 python bench/dit_step.py --comfy .carry/comfy --out "$OUT/dit" --repeats 2 --profile > "$OUT/dit.log" 2>&1
     log "dit_step rc=$?"
     ;;
 F)  # session 6, first call (carry .carry/cs_a): the statistics / H-sum / routing sweeps at all three sizes, Triton
