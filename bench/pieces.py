@@ -333,11 +333,12 @@ def flux_node(density, backends, out):
     empty()
 
 
-def breakeven(outdir):
+def breakeven(outdir, install=False):
     """The node's sparse call (auto backend, Morton over a square image grid, 512 text tokens first as sink
-    blocks) vs dense SDPA, FLUX-like 24 heads: the table nodes/breakeven_h200.json the node's policy reads. Its
-    rows time the call as the node makes it (through the CUDA-graph cache where kernels/graphs.py allows);
-    rows_eager the same call with PSA_CUDA_GRAPHS=0."""
+    blocks) vs dense SDPA, FLUX-like 24 heads: the table nodes/breakeven_<gpu>.json the node's policy reads on
+    this GPU model (written to `outdir`; `install`: also into nodes/). Its rows time the call as the node makes
+    it (through the CUDA-graph cache where kernels/graphs.py allows); rows_eager the same call with
+    PSA_CUDA_GRAPHS=0."""
     from kernels import graphs
     from kernels import piecewise_sparse_attention as psa
     rows, rows_eager = [], []
@@ -367,7 +368,22 @@ def breakeven(outdir):
                      "vs F.scaled_dot_product_attention, bf16, median ms (bench/pieces.py --breakeven)",
              "rows": rows, "rows_eager": rows_eager}
     RES["breakeven"] = table
-    (outdir / "breakeven_h200.json").write_text(json.dumps(table, indent=1))
+    name = f"breakeven_{_policy().gpu_slug(gpu)}.json"  # the file nodes/speed.py looks for on this GPU model
+    (outdir / name).write_text(json.dumps(table, indent=1))
+    if install and DEV == "cuda":
+        (ROOT / "nodes" / name).write_text(json.dumps(table, indent=1))
+        say(f"  break-even table installed: nodes/{name}")
+
+
+def _policy():
+    """nodes/policy.py on its own (pure Python; the repository root is no importable package name here)."""
+    import importlib.util
+    if "psa_nodes_policy" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("psa_nodes_policy", ROOT / "nodes" / "policy.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["psa_nodes_policy"] = mod  # before exec: its dataclasses look their module up
+        spec.loader.exec_module(mod)
+    return sys.modules["psa_nodes_policy"]
 
 
 def _f(x, nd=3):
@@ -426,7 +442,7 @@ def write_md(res: dict, path: Path) -> None:
                   ", ".join(f"{k} {_f(v) if not isinstance(v, (bool, dict, str)) else v}"
                             for k, v in res["flux_node"].items()), ""]
     if "breakeven" in res:
-        lines += ["## Break-even (nodes/breakeven_h200.json)", "",
+        lines += [f"## Break-even (nodes/breakeven_{_policy().gpu_slug(res['breakeven']['gpu'])}.json)", "",
                   "| T | density | sparse ms (node: CUDA-graph cache) | eager ms | SDPA ms | ratio |", "|---|---|---|---|---|---|"]
         eager = {(r[0], r[1]): r[2] for r in res["breakeven"].get("rows_eager", [])}
         lines += [f"| {r[0]} | {r[1]} | {r[2]:.3f} | {_f(eager.get((r[0], r[1])))} | {r[3]:.3f} | {r[2] / r[3]:.2f} |"
@@ -447,6 +463,8 @@ def main(argv=None):
     ap.add_argument("--flux-node", action="store_true")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--breakeven", action="store_true")
+    ap.add_argument("--install-breakeven", action="store_true",
+                    help="with --breakeven: also write the table into nodes/, where the node reads it")
     ap.add_argument("--rep", type=int, default=100)
     ap.add_argument("--dry", action="store_true", help="CPU smoke test under TRITON_INTERPRET=1, tiny shapes")
     a = ap.parse_args(argv)
@@ -504,7 +522,7 @@ def main(argv=None):
         (outdir / "pieces.json").write_text(json.dumps(RES, indent=1, default=str))
     if a.breakeven:
         try:
-            breakeven(outdir)
+            breakeven(outdir, install=a.install_breakeven)
         except Exception:
             RES["breakeven_error"] = traceback.format_exc()
             traceback.print_exc()

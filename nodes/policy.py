@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from dataclasses import dataclass, field
 
 VARIANTS = ("pwt", "pisa", "drop", "off")
@@ -364,6 +365,13 @@ class Tally:
 
 # ---------------------------------------------------------------------------------------------------
 # break-even: below a measured size the sparse operator is slower than dense attention on that GPU
+
+def gpu_slug(name: str) -> str:
+    """The file-name part of a GPU's break-even table: "NVIDIA H200" -> "h200", "NVIDIA GeForce RTX 4090" ->
+    "rtx_4090" (nodes/breakeven_<slug>.json)."""
+    words = re.findall(r"[a-z0-9]+", name.lower())
+    return "_".join(w for w in words if w not in ("nvidia", "geforce")) or "gpu"
+
 
 def breakeven_reason(table: dict | None, gpu: str | None, q_len: int, density: float, *,
                      graphs: bool = True) -> str | None:

@@ -1,7 +1,8 @@
 """When the sparse path would be slower than dense attention on this GPU (the calls then stay dense, with the
-reason): inputs no fast kernel takes (the PyTorch reference would run) and sizes below the measured break-even
-(`nodes/breakeven_h200.json`, bench/pieces.py --breakeven). nodes/policy.py decides everything else; no ComfyUI
-import.
+reason): inputs no fast kernel takes (the PyTorch reference would run) and sizes below the break-even measured on
+that GPU model (`nodes/breakeven_<gpu>.json`, shipped for the H200; `bench/pieces.py --breakeven` measures one on
+any GPU, and PSA_BREAKEVEN_DIR names a folder of such tables that comes first). nodes/policy.py decides
+everything else; no ComfyUI import.
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ with a measured break-even table, sizes where the sparse operator is slower than
     if kn.backend != "auto" or not (q.is_cuda if on_gpu is None else on_gpu):
         return None
     if on_gpu is None and q_len is not None:
-        why = policy.breakeven_reason(_breakeven_table(), _gpu_name(q.device), q_len, kn.density,
+        gpu = _gpu_name(q.device)
+        why = policy.breakeven_reason(_breakeven_table(gpu), gpu, q_len, kn.density,
                                       graphs=graphs.enabled() and q_len <= graphs.max_tokens())
         if why is not None:
             return why
@@ -48,7 +50,7 @@ with a measured break-even table, sizes where the sparse operator is slower than
 
 _SLOW_PATH: dict[tuple, str | None] = {}
 _GPU_NAMES: dict[str, str] = {}
-_BREAKEVEN: list = []
+_BREAKEVEN: dict[str, dict | None] = {}
 
 
 def _gpu_name(device) -> str | None:
@@ -61,18 +63,38 @@ def _gpu_name(device) -> str | None:
     return _GPU_NAMES[key] or None
 
 
-def _breakeven_table() -> dict | None:
-    """nodes/breakeven_h200.json (measured by bench/pieces.py --breakeven), read once; None if unreadable."""
-    if not _BREAKEVEN:
-        path = os.path.join(os.path.dirname(__file__), "breakeven_h200.json")
-        try:
-            with open(path) as f:
-                _BREAKEVEN.append(json.load(f))
-        except (OSError, ValueError) as e:
-            log_once("breakeven-missing", "piecewise sparse attention: no break-even table (%s); sparse runs at "
-                     "every size above min_tokens", e)
-            _BREAKEVEN.append(None)
-    return _BREAKEVEN[0]
+def _breakeven_table(gpu: str | None) -> dict | None:
+    """The break-even table measured on `gpu` (bench/pieces.py --breakeven): breakeven_<policy.gpu_slug(gpu)>.json
+    in PSA_BREAKEVEN_DIR (when set), else beside this file, whose "gpu" is that name (an unreadable or foreign
+    file is said and skipped); read once per GPU name. None (sparse at every size above min_tokens, said once)
+    when there is none."""
+    if not gpu:
+        return None
+    if gpu not in _BREAKEVEN:
+        name = f"breakeven_{policy.gpu_slug(gpu)}.json"
+        dirs = [d for d in (os.environ.get("PSA_BREAKEVEN_DIR"), os.path.dirname(__file__)) if d]
+        table, why = None, f"no {name} in {' or '.join(dirs)}"
+        for d in dirs:
+            path = os.path.join(d, name)
+            if not os.path.exists(path):
+                continue
+            try:
+                with open(path) as f:
+                    t = json.load(f)
+                if not (isinstance(t, dict) and t.get("gpu") == gpu):
+                    raise ValueError(f"measured on {t.get('gpu') if isinstance(t, dict) else '?'!r}, not {gpu!r}")
+            except (OSError, ValueError) as e:  # said, then the next folder's table
+                why = f"{path} skipped ({type(e).__name__}: {e})"
+                log_once(f"breakeven-bad:{path}", "piecewise sparse attention: break-even table %s", why,
+                         level=logging.WARNING)
+                continue
+            table = t
+            break
+        if table is None:
+            log_once(f"breakeven-missing:{gpu}", "piecewise sparse attention: no break-even table for the %s (%s); "
+                     "sparse runs at every size above min_tokens (bench/pieces.py --breakeven measures one)", gpu, why)
+        _BREAKEVEN[gpu] = table
+    return _BREAKEVEN[gpu]
 
 
 def _slow_path_check(q: torch.Tensor, head_dim: int, kn: policy.Knobs) -> str | None:

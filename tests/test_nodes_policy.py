@@ -179,3 +179,41 @@ def test_breakeven_table_without_cuda_graphs_reads_its_eager_rows():
     old = {"gpu": "NVIDIA H200", "rows": table["rows_eager"]}
     assert breakeven_reason(old, "NVIDIA H200", 4608, 0.2) is not None
     assert breakeven_reason(old, "NVIDIA H200", 4608, 0.2, graphs=False) is not None
+
+
+@pytest.mark.parametrize("name,slug", [("NVIDIA H200", "h200"), ("NVIDIA GeForce RTX 4090", "rtx_4090"),
+                                       ("NVIDIA H100 80GB HBM3", "h100_80gb_hbm3"), ("", "gpu")])
+def test_gpu_slug_names_the_break_even_file(name, slug):
+    assert policy.gpu_slug(name) == slug
+
+
+def test_break_even_table_is_looked_up_per_gpu_model(tmp_path, monkeypatch, caplog):
+    """nodes/speed.py reads breakeven_<slug>.json for the GPU at hand: PSA_BREAKEVEN_DIR first (a table measured
+    with bench/pieces.py --breakeven on the user's own GPU), then the shipped ones beside the module (the H200's);
+    a file measured on another GPU, or unreadable, is said and skipped; no table: one line, no rule."""
+    import json
+    import logging
+
+    from psa_pack.nodes import speed
+    monkeypatch.setattr(speed, "_BREAKEVEN", {})
+    rows = [[4608, 0.2, 0.5, 0.4], [16896, 0.2, 1.1, 3.9]]
+    (tmp_path / "breakeven_rtx_4090.json").write_text(json.dumps({"gpu": "NVIDIA GeForce RTX 4090", "rows": rows}))
+    (tmp_path / "breakeven_l40s.json").write_text(json.dumps({"gpu": "NVIDIA A100", "rows": rows}))
+    (tmp_path / "breakeven_a10.json").write_text("{not json")
+    monkeypatch.setenv("PSA_BREAKEVEN_DIR", str(tmp_path))
+    with caplog.at_level(logging.INFO, logger="piecewise_sparse_attention"):
+        t = speed._breakeven_table("NVIDIA GeForce RTX 4090")
+        assert t is not None and t["rows"] == rows
+        assert policy.breakeven_reason(t, "NVIDIA GeForce RTX 4090", 4608, 0.2) is not None  # 1.25x: dense
+        # the shipped H200 table, found beside the module although PSA_BREAKEVEN_DIR has none
+        h200 = speed._breakeven_table("NVIDIA H200")
+        assert h200 is not None and h200["gpu"] == "NVIDIA H200" and h200["rows"]
+        assert speed._breakeven_table("NVIDIA L40S") is None  # its file was measured on an A100
+        assert speed._breakeven_table("NVIDIA A10") is None  # unreadable
+        assert speed._breakeven_table("NVIDIA B200") is None  # none at all
+        assert speed._breakeven_table(None) is None
+    text = caplog.text
+    assert "measured on 'NVIDIA A100', not 'NVIDIA L40S'" in text and "breakeven_a10.json skipped" in text
+    assert text.count("no break-even table for the NVIDIA B200") == 1
+    speed._breakeven_table("NVIDIA B200")  # read once per name: not said again
+    assert caplog.text.count("no break-even table for the NVIDIA B200") == 1
