@@ -77,19 +77,18 @@ D_SUPPORTED = 128
 # session 4; on and off alternated twice per shape in each of two runs): faster in 20 of 24 pairs, by up to 12%
 # (e.g. Wan2.1-14B 480p pwt 6.60-6.95 vs 6.95-7.11 ms), within a ~5% run-to-run spread; bitwise the same output
 Q_RS = True
-# pisa / pwt: the producer prefetches the query block's bias row into L2 (PSA_CUTE_BIAS_L2=1/0 overrides). Written
-# for the 720p virtual-token cost (10 ms against ~4 its FLOPs imply; the bias rows, 112 MB there, miss L2), compiled
-# for sm_90a (tests/test_cute_compile.py) but not yet run on a GPU: off until bench/probes/bias_l2.py measures it
+# pisa / pwt: the producer prefetches the query block's bias row into L2 (PSA_CUTE_BIAS_L2=1/0 overrides). H200
+# (bench/probes/bias_l2.py, 2026-12-01 session 6, two rounds): pwt 480p 6.89 / 7.05 ms vs 7.20 / 6.97 off, 720p
+# 35.98 / 37.33 vs 35.84 / 37.17: no gain, off
 BIAS_L2 = False
 # pisa / pwt: a virtual tile's bias row and counts are loaded right after the previous tile's softmax instead of
-# at the top of its own iteration (PSA_CUTE_BIAS_PF=1/0 overrides): the load then has the previous P V product,
-# its rescale and the K-bar wait to land in, not only the S GEMM (the bias rows come from HBM: one new 128-byte
-# line per virtual tile). Same arithmetic; compiled for sm_90a, not yet run on a GPU: off until
-# bench/probes/bias_l2.py measures it
+# at the top of its own iteration (PSA_CUTE_BIAS_PF=1/0 overrides). Same arithmetic; measured slower (same probe:
+# 480p 7.61 / 7.54 ms, 720p 38.71 / 39.25): off
 BIAS_PF = False
 # Morton: the output rows are written through the permutation (PSA_CUTE_OUT_PERM=1/0 overrides), straight into the
-# caller's layout, so the separate scatter pass (0.16 ms at Wan2.1-14B 480p) goes; q, k, v stay block-order copies
-# (their TMA loads). Compiled for sm_90a, not yet run on a GPU: off until bench/probes/cute_out_perm.py measures it
+# caller's layout, so the separate scatter pass goes; q, k, v stay block-order copies (their TMA loads). H200
+# (bench/probes/cute_out_perm.py, session 6, two rounds): 480p 8.00 / 8.77 ms vs 8.10 / 8.09 with the scatter,
+# 720p 41.12 / 40.29 vs 39.89 / 40.48, and more memory (its output cannot go over the q copy): off
 OUT_PERM = False
 
 

@@ -108,9 +108,9 @@ class TileOps:
     def _online_softmax(self, acc_s, acc_o, row_max, row_sum, row_g, scale_log2, virtual: cutlass.Constexpr,
                         cnt, alpha, rescale_o: cutlass.Constexpr):
         """acc_s holds raw scores (exact tile) or log2-unit logits (virtual tile); on return it holds P (times
-        the token counts for virtual tiles: cnt, per column slot) and `alpha` the per-row rescale of the old mass. Rescales the running sums now,
-        and the output accumulator now or (rescale_o=False: a P V product still in flight on the tensor
-        cores) later through `_rescale_o`."""
+        the token counts for virtual tiles: cnt, per column slot) and `alpha` the per-row rescale of the old
+        mass. Rescales the running sums now, and the output accumulator now or (rescale_o=False: a P V product
+        still in flight on the tensor cores) later through `_rescale_o`."""
         n_rows = 2
         new_max = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
         for r in cutlass.range_constexpr(n_rows):

@@ -82,11 +82,15 @@ def unavailable_reason(q, cfg) -> str | None:
     return None
 
 
-def _scratch_fraction() -> float:
+def _env_fraction(name: str, default: float) -> float:
     try:
-        return float(os.environ.get("PSA_TRITON_SCRATCH", "0.5"))
+        return float(os.environ.get(name, "").strip() or default)
     except ValueError:
-        return 0.5
+        return default
+
+
+def _scratch_fraction() -> float:
+    return _env_fraction("PSA_TRITON_SCRATCH", 0.5)
 
 
 def score_budget(q_bytes: int) -> int:
@@ -171,7 +175,8 @@ def _forward_heads(q, k, v, cfg: SparseConfig, *, routing=None, perm=None, n_pre
 
     `attention(q, k, v, out, st, idx, vbias, cfg)` runs the attention of one head chunk (default this
     backend's fused kernel); the CuTe backend passes its own, so statistics, routing and the head chunking
-    stay one code path. `perm` and `config` reach it only when given (the CuTe kernel takes neither)."""
+    stay one code path. `config` reaches it only when given (the CuTe kernel takes none), `perm` only when it
+    reads or writes rows through it (_forward_gathered)."""
     own_attention = attention is None
     attention = _fwd.attention if attention is None else attention
     q, k, v = _contig_last(q), _contig_last(k), _contig_last(v)
@@ -226,10 +231,7 @@ def _output_like(q):
 
 
 def _morton_fraction() -> float:
-    try:
-        return float(os.environ.get("PSA_MORTON_SCRATCH", "1.0"))
-    except ValueError:
-        return 1.0
+    return _env_fraction("PSA_MORTON_SCRATCH", 1.0)
 
 
 MORTON_FLOOR = 256 * 2**20  # copies this small never split the heads: there launches, not memory, cost
@@ -274,9 +276,10 @@ def _forward_gathered(q, k, v, cfg, perm, fperm, n_prefix, config, scratch, atte
     call; Triton's autotuner re-runs a kernel, which is why this backend's own attention takes the permutation."""
     B, H, T, D = q.shape
     hc, score_bytes = _chunking(q, cfg, None, scratch)
+    # the two copies' budget; three copies under 1.5x both limits split at the same heads
+    hc = _even_chunks(H, min(hc, _copy_heads(q, 2)))
     kw = {} if config is None else {"config": config}
     if own_attention:
-        hc = _even_chunks(H, min(hc, _copy_heads(q, 2)))
         out = _output_like(q)
         kvg = torch.empty((2, B, hc, T, D), device=q.device, dtype=q.dtype)
         for h0 in range(0, H, hc):
@@ -288,7 +291,6 @@ def _forward_gathered(q, k, v, cfg, perm, fperm, n_prefix, config, scratch, atte
             attention(q[:, h0:h1], kg, vg, out[:, h0:h1], st, idx, vbias, cfg, perm=fperm, kv_perm=False, **kw)
             del st, idx, vbias, kg, vg
         return out
-    hc = _even_chunks(H, min(hc, _copy_heads(q, 3, 1.5 * _morton_fraction(), int(1.5 * MORTON_FLOOR))))
     # an attention that writes the output rows through the permutation itself fills the caller's layout
     # directly (no scatter pass); else its block-order output goes over the q copy
     writes = getattr(attention, "writes_out_perm", None)

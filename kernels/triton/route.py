@@ -242,10 +242,9 @@ SELECT_WARPS = 4
 # 128-long sums differently per output column, which breaks exact ties the tests rely on
 SCORE_DK = 16 if _INTERPRET else 128
 SCORE_WARPS = 4
-# the scores kernel's output tile and load pipeline (defaults: the measured 64 x 64, unpipelined). sm_90a with the
-# launcher's hints (Triton 3.6, ptxas): 64 x 64 at D-slices of 32, 8 warps, 3 stages 152 registers, no spills,
-# 80 KB shared, cp.async-staged slices; 128 x 64 244 registers, 112 KB (half the operand reads per score). Not yet
-# timed on a GPU: bench/pieces_sweep.py sweeps them
+# the scores kernel's output tile and load pipeline (defaults: 64 x 64, unpipelined). H200 (bench/pieces.py
+# --sweep, 2026-12-01 session 6, Wan2.1-14B 720p routing): 64 x 64 at 32-wide slices and 3 stages 1.173 ms vs
+# 1.167 default, 128 x 64 1.214, the 8-warp and 64 x 128 configs 1.61-1.76: the defaults stay
 SCORE_BM = 64
 SCORE_BN = 64
 SCORE_STAGES = 1
