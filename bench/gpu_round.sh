@@ -6,7 +6,8 @@
 #   call D: carry [".carry/old"]                      command: bash bench/gpu_round.sh D
 #   call E: carry [".carry/comfy"]                    command: bash bench/gpu_round.sh E
 # session 6's round, after A-E: F (carry [".carry/cs_a"]), G (carry [".carry/cs_b"]), E; P (no carry, after A and B):
-# Nsight Compute on the CuTe attention, drop vs pwt.
+# Nsight Compute on the CuTe attention, drop vs pwt. Session 7: H (carry [".carry/cs_a"]), I (carry [".carry/cs_b"]),
+# then G and E with I's pick of the pair build.
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
 # times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
@@ -26,6 +27,7 @@ mkdir -p "$OUT"
 . bench/install_cute_site.sh
 [ -f "$STASH/bias_env" ] && . "$STASH/bias_env"  # B's pick of the CuTe bias-load build
 [ -f "$STASH/hsum_env" ] && . "$STASH/hsum_env"  # F's pick of the H-sum setting
+[ -f "$STASH/pair_env" ] && . "$STASH/pair_env"  # I's pick of the CuTe pair build
 log() { echo "[gpu_round $PHASE $(date -u +%H:%M:%S)] $*" | tee -a "$OUT/round.log"; }
 run_tests() {  # name, timeout, pytest args...
     local name=$1 t=$2; shift 2
@@ -155,6 +157,45 @@ P)  # after A and B (the cutlass-dsl site unpacked): Nsight Compute on the CuTe 
             > "$OUT/ncu_$var.csv" 2> "$OUT/ncu_$var.err"
         log "ncu $var rc=$? $(wc -l < "$OUT/ncu_$var.csv") lines"
     done
+    ;;
+H)  # session 7, first call (carry .carry/cs_a): stash the first half of the site, the Triton and graph GPU tests
+    run_tests triton 240 tests/test_triton_gpu.py tests/test_api_errors.py tests/test_graphs_gpu.py
+    ;;
+I)  # second call (carry .carry/cs_b): the pair kernel (kernels/cute/fwd_pair.py) against the one-block kernel, its
+    # tests, then every CuTe test with the faster build; the CuTe Morton copies in one chunk vs head chunks
+    python -c "import cutlass" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable: run H then I"; exit 1; }
+    run_tests pair 200 tests/test_cute_pair_gpu.py
+    log "cute_pair probe"
+    timeout 240 python bench/probes/cute_pair.py > "$OUT/cute_pair.txt" 2>&1
+    # the pair build (p4, p3, p2, p3e3) fastest summed over both rounds at both sizes, if faster than the one-block
+    # kernel in every round at both sizes and within 1e-2 of its output (bf16 rounding of the same operations)
+    PICK=$(python - "$OUT/cute_pair.txt" <<'PYEOF'
+import json, sys
+lines = [ln for ln in open(sys.argv[1]) if ln.startswith("RESULT ")]
+if not lines:
+    print("0 4 4"); sys.exit()
+r = json.loads(lines[0][7:])
+cfg = {"p4": (4, 4), "p3": (4, 3), "p2": (4, 2), "p3e3": (3, 4)}
+ok = [b for b in cfg
+      if all(isinstance(d.get(f"pwt_{b}_r{i}_ms"), float) and d[f"pwt_{b}_r{i}_ms"] < d[f"pwt_one_r{i}_ms"]
+             and d.get(f"{b}_maxdiff_vs_one", 1) <= 1e-2 for d in r.values() for i in range(2))]
+best = min(ok, key=lambda b: sum(d[f"pwt_{b}_r{i}_ms"] for d in r.values() for i in range(2))) if ok else None
+print(*((1,) + cfg[best] if best else (0, 4, 4)))
+PYEOF
+)
+    read -r PAIR KVS VTS <<< "$PICK"
+    if grep -qE "failed|error" "$OUT/tests_pair.log" || ! grep -q "passed" "$OUT/tests_pair.log"; then
+        log "pair tests not all green: the one-block kernel stays"; PAIR=0
+    fi
+    log "pair decision: PSA_CUTE_PAIR=$PAIR PSA_CUTE_STAGES=$KVS PSA_CUTE_VT_STAGES=$VTS ($(tail -1 "$OUT/cute_pair.txt" | cut -c1-900))"
+    export PSA_CUTE_PAIR=$PAIR PSA_CUTE_VT_STAGES=$VTS
+    KV_ENV=""
+    [ "$PAIR" = 1 ] && KV_ENV=" PSA_CUTE_STAGES=$KVS" && export PSA_CUTE_STAGES=$KVS
+    echo "export PSA_CUTE_PAIR=$PAIR PSA_CUTE_VT_STAGES=$VTS$KV_ENV" > "$STASH/pair_env"
+    run_tests cute 240 tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
+    log "cute Morton copies: one chunk (0) against the head chunks (1)"
+    timeout 150 python bench/probes/cute_out_perm.py PSA_MORTON_SCRATCH 0 1 > "$OUT/cute_morton_chunks.txt" 2>&1
+    log "cute_morton_chunks $(tail -1 "$OUT/cute_morton_chunks.txt" | cut -c1-600)"
     ;;
 *)
     echo "unknown phase $PHASE"; exit 2 ;;

@@ -90,6 +90,9 @@ BIAS_PF = False
 # (bench/probes/cute_out_perm.py, session 6, two rounds): 480p 8.00 / 8.77 ms vs 8.10 / 8.09 with the scatter,
 # 720p 41.12 / 40.29 vs 39.89 / 40.48, and more memory (its output cannot go over the q copy): off
 OUT_PERM = False
+# pisa / pwt: two query blocks per CTA reading the virtual-token tiles once (fwd_pair.py; PSA_CUTE_PAIR=1/0
+# overrides, PSA_CUTE_VT_STAGES its shared stages). Not yet measured on a GPU: off
+PAIR = False
 
 
 class PiecewiseSparseFwdSm90(TileOps):
@@ -111,11 +114,9 @@ class PiecewiseSparseFwdSm90(TileOps):
         self.regs_consumer = 216
 
     # ------------------------------------------------------------------ host side (traced once)
-    @cute.jit
-    def __call__(self, mQ4: cute.Tensor, mK4: cute.Tensor, mV4: cute.Tensor, mO4: cute.Tensor,
-                 mKb4: cute.Tensor, mVm4: cute.Tensor, mH4: cute.Tensor, mVB: cute.Tensor,
-                 mIdx: cute.Tensor, mPerm: cute.Tensor, n_vt: cutlass.Int32, scale_log2: cutlass.Float32,
-                 scale: cutlass.Float32, stream: cuda.CUstream):
+    def _host_setup(self, mQ4, mK4, mV4, mO4, mKb4, mVm4, mH4, q_stages: int, kv_stages: int) -> dict:
+        """The (token, dim, (H, B)) views, tiled MMAs, shared-memory layouts (q_stages query tiles, kv_stages
+        K/V tiles) and TMA atoms of the kernel (fwd_pair.py builds its own stage counts from the same)."""
         dt = mQ4.element_type
 
         def tok_major(x):  # [B, H, T, D] -> (T, D, (H, B)): rows = tokens, K-major
@@ -146,9 +147,9 @@ class PiecewiseSparseFwdSm90(TileOps):
             dt, dt, q_layout.sm90_mma_major_mode(), v_layout.sm90_mma_major_mode(), cutlass.Float32,
             (1, 1, 1), self.pv_tiler[:2])
 
-        sQ_layout = sm90_utils.make_smem_layout_a(q_layout, self.qk_tiler, dt, 1)
-        sK_layout = sm90_utils.make_smem_layout_b(k_layout, self.qk_tiler, dt, self.kv_stages)
-        sV_layout = sm90_utils.make_smem_layout_b(v_layout, self.pv_tiler, dt, self.kv_stages)
+        sQ_layout = sm90_utils.make_smem_layout_a(q_layout, self.qk_tiler, dt, q_stages)
+        sK_layout = sm90_utils.make_smem_layout_b(k_layout, self.qk_tiler, dt, kv_stages)
+        sV_layout = sm90_utils.make_smem_layout_b(v_layout, self.pv_tiler, dt, kv_stages)
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         sQ0 = cute.slice_(sQ_layout, (None, None, 0))
@@ -162,6 +163,18 @@ class PiecewiseSparseFwdSm90(TileOps):
         tma_h, gHt = cpasync.make_tiled_tma_atom(g2s, mH, sV0, (self.d, BS))
         self.q_bytes = cute.size_in_bytes(dt, sQ0)
         self.kv_bytes = cute.size_in_bytes(dt, sK0)
+        return dict(dt=dt, mQ=mQ, mO=mO, k_layout=k_layout, v_layout=v_layout, qk_mma=qk_mma, pv_mma=pv_mma,
+                    qh_mma=qh_mma, sQ_layout=sQ_layout, sK_layout=sK_layout, sV_layout=sV_layout,
+                    tmas=(tma_q, gQt, tma_k, gKt, tma_v, gVt, tma_kb, gKbt, tma_vm, gVmt, tma_h, gHt))
+
+    @cute.jit
+    def __call__(self, mQ4: cute.Tensor, mK4: cute.Tensor, mV4: cute.Tensor, mO4: cute.Tensor,
+                 mKb4: cute.Tensor, mVm4: cute.Tensor, mH4: cute.Tensor, mVB: cute.Tensor,
+                 mIdx: cute.Tensor, mPerm: cute.Tensor, n_vt: cutlass.Int32, scale_log2: cutlass.Float32,
+                 scale: cutlass.Float32, stream: cuda.CUstream):
+        hs = self._host_setup(mQ4, mK4, mV4, mO4, mKb4, mVm4, mH4, 1, self.kv_stages)
+        dt, mQ, mO = hs["dt"], hs["mQ"], hs["mO"]
+        sQ_layout, sK_layout, sV_layout = hs["sQ_layout"], hs["sK_layout"], hs["sV_layout"]
 
         @cute.struct
         class Smem:
@@ -172,9 +185,8 @@ class PiecewiseSparseFwdSm90(TileOps):
 
         self.smem = Smem
         n_q = cute.ceil_div(mQ.shape[0], BS)
-        self.kernel(qk_mma, pv_mma, qh_mma, tma_q, gQt, tma_k, gKt, tma_v, gVt, tma_kb, gKbt, tma_vm, gVmt,
-                    tma_h, gHt, mO, mVB, mIdx, mPerm, n_vt, scale_log2, scale, sQ_layout, sK_layout,
-                    sV_layout).launch(
+        self.kernel(hs["qk_mma"], hs["pv_mma"], hs["qh_mma"], *hs["tmas"], mO, mVB, mIdx, mPerm, n_vt, scale_log2,
+                    scale, sQ_layout, sK_layout, sV_layout).launch(
             grid=[n_q, mQ4.shape[1], mQ4.shape[0]], block=[self.threads, 1, 1], stream=stream,
             min_blocks_per_mp=2)
 
@@ -491,7 +503,8 @@ def out_perm_enabled() -> bool:
 
 
 def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None, q_rs: bool | None = None,
-              bias_l2: bool | None = None, bias_pf: bool | None = None, perm: torch.Tensor | None = None):
+              bias_l2: bool | None = None, bias_pf: bool | None = None, perm: torch.Tensor | None = None,
+              pair: bool | None = None):
     """Fused forward on [B, HC, T, D] bf16 views (unit last stride, 16-byte aligned strides); same
     arguments and meaning as kernels.triton.fwd.attention, except that `perm` (int32 [T], the full Morton
     order: kernels.reorder.full_order) only moves the output rows (q, k, v are read in block order): row t of
@@ -519,7 +532,11 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
     if out_perm and (perm.dtype != torch.int32 or perm.shape != (T,) or perm.stride(0) != 1):
         raise ValueError(f"cute backend: perm must be a contiguous int32 [T={T}] tensor, got {perm.dtype} "
                          f"{tuple(perm.shape)}")
-    key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm)
+    # the pair build (fwd_pair.py) has Q in registers and neither bias-load experiment nor the output permutation
+    pair = (approx and q_rs and not (out_perm or bias_l2 or bias_pf)
+            and (_env_flag("PSA_CUTE_PAIR", PAIR) if pair is None else bool(pair)))
+    vt_stages = int(os.environ.get("PSA_CUTE_VT_STAGES", "4")) if pair else 0
+    key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm, vt_stages)
     args = [_cute(x) for x in (q, k, v, out, kb, vm, hb)]
     args += [from_dlpack(vb.detach(), assumed_align=2).mark_layout_dynamic(leading_dim=3),
              from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3),
@@ -533,13 +550,18 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
             fn = _compiled.get(key)
             if fn is None:
                 t0 = time.perf_counter()
-                kern = PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2, bias_pf, out_perm)
+                if pair:
+                    from .fwd_pair import PairFwdSm90
+
+                    kern = PairFwdSm90(stages, vt_stages, D)
+                else:
+                    kern = PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2, bias_pf, out_perm)
                 fn = cute.compile(kern, *args, *scal, stream)
                 dt = time.perf_counter() - t0
                 _compile_seconds[str(key)] = dt
                 _compiled[key] = fn
                 log.info("piecewise_sparse_attention: cute kernel compiled for %s in %.1f s (once per process)",
-                         "pisa/pwt" if approx else "drop", dt)
+                         ("pisa/pwt, two query blocks per CTA" if pair else "pisa/pwt") if approx else "drop", dt)
     _executor(fn, key, q.device)(*args, *scal, stream)
     return out
 

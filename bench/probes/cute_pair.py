@@ -1,0 +1,56 @@
+"""H200 probe: the CuTe pwt attention with two query blocks per CTA (kernels/cute/fwd_pair.py: the virtual-token
+tiles read once for both) against the one-block kernel (fwd.py), attention only on precomputed routing, Wan2.1-14B
+480p and 720p (random bf16, H40 D128, density 0.125), alternated twice: one-block ("one"), pair with 2 / 3 / 4
+shared stages ("p2", "p3", "p4"), pair with 3 exact stages per consumer and 4 shared ("p3e3"); drop (the exact part)
+once, so virtual = pwt - drop per build; each build's largest difference from the one-block output (the same
+operations per query block: ~0 expected). Prints one line `RESULT {...}`; bench/gpu_round.sh H picks from it.
+
+    python bench/probes/cute_pair.py"""
+import json
+import sys
+
+import torch
+import triton
+
+sys.path.insert(0, ".")
+from kernels.config import SparseConfig  # noqa: E402
+from kernels.cute import fwd as CF  # noqa: E402
+from kernels.triton import stats as kts  # noqa: E402
+
+# name -> (pair, exact stages, shared stages)
+BUILDS = {"one": (False, 4, 0), "p4": (True, 4, 4), "p3": (True, 4, 3), "p2": (True, 4, 2), "p3e3": (True, 3, 4)}
+res = {}
+for name, T in (("wan14", 32760), ("wan14_720", 75600)):
+    q, k, v = (torch.randn(1, 40, T, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    cp = SparseConfig(density=0.125, variant="pwt", band=1, n_sink_blocks=0, cov_bias=False, scale=128 ** -0.5)
+    cd = SparseConfig(density=0.125, variant="drop", band=1, n_sink_blocks=0, cov_bias=False, scale=128 ** -0.5)
+    st = kts.block_stats(q, k, v, cp)
+    idx, vb = kts.route(st, cp, q.dtype)
+    outs = {b: torch.empty_like(q) for b in BUILDS}
+    od = torch.empty_like(q)
+    d = res[name] = {}
+    d["drop_ms"] = triton.testing.do_bench(lambda: CF.attention(q, k, v, od, st, idx, None, cd), rep=400)
+
+    def call(b):
+        import os
+        pair, kv, vt = BUILDS[b]
+        if vt:
+            os.environ["PSA_CUTE_VT_STAGES"] = str(vt)
+        CF.attention(q, k, v, outs[b], st, idx, vb, cp, kv_stages=kv, pair=pair)
+
+    for r in range(2):
+        for b in BUILDS:
+            try:
+                d[f"pwt_{b}_r{r}_ms"] = triton.testing.do_bench(lambda: call(b), rep=400)
+            except Exception as e:  # a build that does not launch (shared memory) is reported, the rest still run
+                d[f"pwt_{b}_error"] = f"{type(e).__name__}: {e}"[:300]
+    for b in BUILDS:
+        if f"pwt_{b}_error" not in d:
+            d[f"{b}_maxdiff_vs_one"] = float((outs[b].float() - outs["one"].float()).abs().max())
+        ms = [d.get(f"pwt_{b}_r{r}_ms") for r in range(2)]
+        if all(isinstance(m, float) for m in ms):
+            d[f"{b}_virtual_ms"] = sum(ms) / 2 - d["drop_ms"]
+    print(name, d, flush=True)
+    del q, k, v, st, idx, vb, outs, od
+    torch.cuda.empty_cache()
+print("RESULT " + json.dumps(res))

@@ -1,0 +1,340 @@
+"""pisa / pwt on SM90 with two query blocks per CTA: the virtual-token tiles read once for both.
+
+Why (bench/results/pieces_h200.md, session 6): every 64-row query block of a head scans the same k-bar and
+value-mean tiles (all N block means), 256 KB per query block at Wan2.1-14B 480p, 5.4 GB per call from L2
+(28.6 GB at 720p), and a virtual tile measured ~1.45-1.5x an exact one. In one kernel (fwd.py) each CTA
+streams them again. Here a CTA holds two adjacent query blocks, one consumer warpgroup each, and the virtual
+tiles (and the two H-bar tiles) come through one pipeline that both consume: that stream halves, with no
+condition on the inputs. The exact tiles keep one pipeline per consumer, loaded by its own producer warp, so
+the exact part is the same per-query-block stream as fwd.py (each warpgroup's tiles are its own list; sharing
+common exact tiles is the next step on this structure).
+
+CTA = 3 warpgroups (384 threads, one per SM, ~224 KiB of shared memory at 4 + 4 stages):
+  * warpgroup 0 (24 registers): warp 0 loads Q and the routed K/V tiles of query block 2p, warp 1 those of
+    block 2p + 1 (each into its consumer's pipeline), warp 2 the k-bar / value-mean tiles of every KV block and
+    the two H-bar tiles into the shared pipeline (its empty barriers wait for all 8 consumer warps);
+  * warpgroups 1 and 2 (240 registers): fwd.py's consumer (Q in registers, FlashAttention-3 style pipelined
+    loop, the same per-tile softmax from tile_ops), reading exact tiles from their own stages and virtual ones
+    from the shared stages. An odd last query block is computed by both warpgroups and stored by one.
+The two warpgroups replace fwd.py's two CTAs per SM, so the tensor-core / softmax overlap between two query
+blocks is kept. A warpgroup that reaches its virtual tiles early waits for the other one only when the
+shared pipeline is full (both lists have the routing budget's length, so their exact loops end together).
+Exact only (drop), the per-row Morton output permutation and the bias-load experiments stay in fwd.py.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import cuda.bindings.driver as cuda  # noqa: F401  (cutlass-dsl's stream type)
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import warpgroup
+
+from .fwd import PiecewiseSparseFwdSm90
+from .tile_ops import BS
+
+KV_STAGES = 4  # per consumer (fwd.py's measured best at 2 CTAs per SM)
+VT_STAGES = 4  # the shared virtual-tile pipeline
+
+
+def _shifted(sync, off):
+    """The same mbarrier array `off` barriers further on, without initialising it again (the pipeline of the
+    other consumer, picked by a runtime warpgroup index)."""
+    view = object.__new__(type(sync))
+    view.__dict__.update(sync.__dict__)
+    view.mbarrier_base = sync.mbarrier_base + off
+    view.barrier_storage = sync.barrier_storage + off
+    return view
+
+
+def _pipe_view(pipe, off):
+    return dataclasses.replace(pipe, sync_object_full=_shifted(pipe.sync_object_full, off),
+                               sync_object_empty=_shifted(pipe.sync_object_empty, off))
+
+
+class PairFwdSm90(PiecewiseSparseFwdSm90):
+    """pisa / pwt only; compile-time configuration: exact stages per consumer, shared virtual stages."""
+
+    def __init__(self, kv_stages: int = KV_STAGES, vt_stages: int = VT_STAGES, head_dim: int = 128):
+        super().__init__(True, kv_stages, head_dim, q_rs=True)
+        self.vt_stages = vt_stages
+        self.threads = 384
+        self.regs_producer = 24
+        self.regs_consumer = 240
+
+    # ------------------------------------------------------------------ host side (traced once)
+    @cute.jit
+    def __call__(self, mQ4: cute.Tensor, mK4: cute.Tensor, mV4: cute.Tensor, mO4: cute.Tensor,
+                 mKb4: cute.Tensor, mVm4: cute.Tensor, mH4: cute.Tensor, mVB: cute.Tensor,
+                 mIdx: cute.Tensor, mPerm: cute.Tensor, n_vt: cutlass.Int32, scale_log2: cutlass.Float32,
+                 scale: cutlass.Float32, stream: cuda.CUstream):
+        hs = self._host_setup(mQ4, mK4, mV4, mO4, mKb4, mVm4, mH4, 2, 2 * self.kv_stages)
+        dt, mQ, mO = hs["dt"], hs["mQ"], hs["mO"]
+        sQ_layout, sK_layout, sV_layout = hs["sQ_layout"], hs["sK_layout"], hs["sV_layout"]
+        sKp_layout = sm90_utils.make_smem_layout_b(hs["k_layout"], self.qk_tiler, dt, self.vt_stages)
+        sVp_layout = sm90_utils.make_smem_layout_b(hs["v_layout"], self.pv_tiler, dt, self.vt_stages)
+
+        @cute.struct
+        class Smem:
+            q_bar: cute.struct.MemRange[cutlass.Int64, 4]
+            kv_bar: cute.struct.MemRange[cutlass.Int64, 4 * self.kv_stages]
+            vp_bar: cute.struct.MemRange[cutlass.Int64, 2 * self.vt_stages]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+            sKV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+            sKVp: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sKp_layout)], 1024]
+
+        self.smem = Smem
+        n_q = cute.ceil_div(mQ.shape[0], BS)
+        self.kernel(hs["qk_mma"], hs["pv_mma"], hs["qh_mma"], *hs["tmas"], mO, mVB, mIdx, n_vt, scale_log2, scale,
+                    sQ_layout, sK_layout, sV_layout, sKp_layout, sVp_layout).launch(
+            grid=[(n_q + 1) // 2, mQ4.shape[1], mQ4.shape[0]], block=[self.threads, 1, 1], stream=stream,
+            min_blocks_per_mp=1)
+
+    # ------------------------------------------------------------------ device side
+    @cute.kernel
+    def kernel(self, qk_mma: cute.TiledMma, pv_mma: cute.TiledMma, qh_mma: cute.TiledMma,
+               tma_q: cute.CopyAtom, gQt: cute.Tensor, tma_k: cute.CopyAtom, gKt: cute.Tensor,
+               tma_v: cute.CopyAtom, gVt: cute.Tensor, tma_kb: cute.CopyAtom, gKbt: cute.Tensor,
+               tma_vm: cute.CopyAtom, gVmt: cute.Tensor, tma_h: cute.CopyAtom, gHt: cute.Tensor,
+               mO: cute.Tensor, mVB: cute.Tensor, mIdx: cute.Tensor, n_vt: cutlass.Int32,
+               scale_log2: cutlass.Float32, scale: cutlass.Float32,
+               sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
+               sKp_layout: cute.ComposedLayout, sVp_layout: cute.ComposedLayout):
+        tidx, _, _ = cute.arch.thread_idx()
+        i_p, i_h, i_b = cute.arch.block_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg = cute.arch.make_warp_uniform(tidx // 128)
+        T = mO.shape[0]
+        n_kv = (T + BS - 1) // BS
+        n_sel = mIdx.shape[3]
+        S = self.kv_stages
+
+        smem = utils.SmemAllocator()
+        st = smem.allocate(self.smem)
+        one = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        wg_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, 4)
+        q_pipes = [pipeline.PipelineTmaAsync.create(
+            barrier_storage=st.q_bar.data_ptr() + 2 * c, num_stages=1, producer_group=one,
+            consumer_group=wg_warps, tx_count=self.q_bytes, defer_sync=True) for c in range(2)]
+        kv_pipes = [pipeline.PipelineTmaAsync.create(
+            barrier_storage=st.kv_bar.data_ptr() + 2 * S * c, num_stages=S, producer_group=one,
+            consumer_group=wg_warps, tx_count=self.kv_bytes, defer_sync=True) for c in range(2)]
+        vp_pipe = pipeline.PipelineTmaAsync.create(
+            barrier_storage=st.vp_bar.data_ptr(), num_stages=self.vt_stages, producer_group=one,
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8), tx_count=self.kv_bytes,
+            defer_sync=True)
+
+        sQ = st.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = st.sKV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = cute.make_tensor(cute.recast_ptr(sK.iterator, sV_layout.inner), sV_layout.outer)
+        sKp = st.sKVp.get_tensor(sKp_layout.outer, swizzle=sKp_layout.inner)
+        sVp = cute.make_tensor(cute.recast_ptr(sKp.iterator, sVp_layout.inner), sVp_layout.outer)
+
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        hb = (i_h, i_b)
+        if wg == 0:
+            cute.arch.setmaxregister_decrease(self.regs_producer)
+            for c in cutlass.range_constexpr(2):
+                if warp == c:
+                    # query block 2p + c (an odd last block: both warps load the last one)
+                    i_q = cutlass.Int32(2 * i_p + c)
+                    if i_q >= n_kv:
+                        i_q = n_kv - 1
+                    q_prod, _ = q_pipes[c].make_participants()
+                    kv_prod, _ = kv_pipes[c].make_participants()
+                    tQs, tQg = self._tma_part(tma_q, sQ, gQt, BS, self.d)
+                    tKs, tKg = self._tma_part(tma_k, sK, gKt, BS, self.d)
+                    tVs, tVg = self._tma_part(tma_v, sV, gVt, self.d, BS)
+                    h = q_prod.acquire_and_advance()
+                    cute.copy(tma_q, tQg[(None, i_q, 0, hb)], tQs[(None, c)], tma_bar_ptr=h.barrier)
+                    for kk in cutlass.range(n_sel, unroll=1):
+                        j = mIdx[i_b, i_h, i_q, kk]
+                        if j >= 0:
+                            h = kv_prod.acquire_and_advance()
+                            cute.copy(tma_k, tKg[(None, j, 0, hb)], tKs[(None, c * S + h.index)],
+                                      tma_bar_ptr=h.barrier)
+                            h = kv_prod.acquire_and_advance()
+                            cute.copy(tma_v, tVg[(None, 0, j, hb)], tVs[(None, c * S + h.index)],
+                                      tma_bar_ptr=h.barrier)
+            if warp == 2:
+                if n_vt > 0:
+                    vp_prod, _ = vp_pipe.make_participants()
+                    tKbs, tKbg = self._tma_part(tma_kb, sKp, gKbt, BS, self.d)
+                    tVms, tVmg = self._tma_part(tma_vm, sVp, gVmt, self.d, BS)
+                    tHs, tHg = self._tma_part(tma_h, sVp, gHt, self.d, BS)
+                    for t in cutlass.range(n_vt, unroll=1):
+                        h = vp_prod.acquire_and_advance()
+                        cute.copy(tma_kb, tKbg[(None, t, 0, hb)], tKbs[(None, h.index)], tma_bar_ptr=h.barrier)
+                        h = vp_prod.acquire_and_advance()
+                        cute.copy(tma_vm, tVmg[(None, 0, t, hb)], tVms[(None, h.index)], tma_bar_ptr=h.barrier)
+                    for t in cutlass.range_constexpr(self.d // BS):
+                        h = vp_prod.acquire_and_advance()
+                        cute.copy(tma_h, tHg[(None, 0, t, hb)], tHs[(None, h.index)], tma_bar_ptr=h.barrier)
+        else:
+            cute.arch.setmaxregister_increase(self.regs_consumer)
+            c = wg - 1
+            ctid = tidx - 128 * wg
+            i_own = 2 * i_p + c  # this warpgroup's query block; past the end: the last one, not stored
+            i_q = cutlass.Int32(i_own)
+            if i_q >= n_kv:
+                i_q = n_kv - 1
+            _, q_cons = _pipe_view(q_pipes[0], 2 * c).make_participants()
+            _, kv_cons = _pipe_view(kv_pipes[0], 2 * S * c).make_participants()
+            _, vp_cons = vp_pipe.make_participants()
+            koff = c * S  # this consumer's first stage in sK / sV
+            qk_mma.set(warpgroup.Field.ACCUMULATE, True)
+            pv_mma.set(warpgroup.Field.ACCUMULATE, True)
+            qh_mma.set(warpgroup.Field.ACCUMULATE, True)
+            qk_thr = qk_mma.get_slice(ctid)
+            pv_thr = pv_mma.get_slice(ctid)
+            tSsQ = qk_thr.partition_A(sQ)
+            tSrK = qk_thr.make_fragment_B(qk_thr.partition_B(sK))
+            tOrV = pv_thr.make_fragment_B(pv_thr.partition_B(sV))
+            tSrKp = qk_thr.make_fragment_B(qk_thr.partition_B(sKp))
+            tOrVp = pv_thr.make_fragment_B(pv_thr.partition_B(sVp))
+            acc_o = pv_thr.make_fragment_C(pv_thr.partition_shape_C(self.pv_tiler[:2]))
+            acc_o.fill(0.0)
+            s_shape = qk_thr.partition_shape_C(self.qk_tiler[:2])
+            tScS = qk_thr.partition_C(cute.make_identity_tensor(self.qk_tiler[:2]))
+            tOcO = pv_thr.partition_C(cute.make_identity_tensor(self.pv_tiler[:2]))
+            n_rows = 2
+            row_max = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
+            row_sum = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
+            row_g = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
+            for r in cutlass.range_constexpr(n_rows):
+                row_max[r] = -cutlass.Float32.inf
+                row_sum[r] = 0.0
+                row_g[r] = 0.0
+
+            q_cons.wait_and_advance()
+            sQi = cute.make_rmem_tensor(tSsQ[(None, None, None, 0)].shape, mO.element_type)
+            cute.autovec_copy(tSsQ[(None, None, None, c)], sQi)
+            rem = T - (n_kv - 1) * BS
+            alpha = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
+            acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
+            tOrP = cute.make_rmem_tensor(pv_thr.partition_shape_A(self.pv_tiler[::2]), mO.element_type)
+            # the list length and the partial last block's position, as in fwd.py
+            lane = cute.arch.lane_idx()
+            n_valid = cutlass.Int32(0)
+            kk_tail = cutlass.Int32(-1)
+            for cc in cutlass.range(0, n_sel, 32, unroll=1):
+                jv = cutlass.Int32(-1)
+                if cc + lane < n_sel:
+                    jv = mIdx[i_b, i_h, i_q, cc + lane]
+                n_valid = n_valid + cute.arch.popc(cute.arch.vote_ballot_sync(jv >= 0))
+                tb = cute.arch.vote_ballot_sync(jv == n_kv - 1)
+                if tb != 0:
+                    kk_tail = cc + 31 - cutlass.Int32(cute.arch.clz(tb))
+            if rem >= BS:
+                kk_tail = cutlass.Int32(-1)
+            n_last = cutlass.Float32(rem)
+            n_tiles = n_valid + n_vt
+            n_cols = cute.size(acc_s) // n_rows
+            bias = cute.make_rmem_tensor(cute.make_layout(n_cols), cutlass.Float32)
+            cnt = cute.make_rmem_tensor(cute.make_layout(n_cols), cutlass.Float32)
+            # fwd.py's software-pipelined loop, split where the tiles change pipelines: exact tiles (own
+            # stages), the boundary step (V of the last exact tile, the first k-bar tile), virtual tiles
+            # (shared stages), the last P V
+            if n_tiles > 0:
+                if n_valid > 0:
+                    kh0 = kv_cons.wait_and_advance()
+                    self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, koff + kh0.index)])
+                    warpgroup.wait_group(0)
+                    kh0.release()
+                else:
+                    self._load_bias(bias, cnt, mVB, tScS, i_b, i_h, i_q, 0, n_kv, n_last)
+                    kp0 = vp_cons.wait_and_advance()
+                    self._issue_ss(qk_mma, acc_s, sQi, tSrKp[(None, None, None, kp0.index)])
+                    warpgroup.wait_group(0)
+                    kp0.release()
+                self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
+                                   n_valid == 0, kk_tail == 0, rem, True)
+                self._to_p(acc_s, tOrP)
+                for u in cutlass.range(1, n_valid, unroll=1):
+                    vh = kv_cons.wait_and_advance()
+                    kh = kv_cons.wait_and_advance()
+                    self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, koff + kh.index)])
+                    self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, koff + vh.index)])
+                    warpgroup.wait_group(1)
+                    kh.release()
+                    self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
+                                       False, kk_tail == u, rem, False)
+                    warpgroup.wait_group(0)
+                    vh.release()
+                    self._rescale_o(acc_o, alpha)
+                    self._to_p(acc_s, tOrP)
+                if n_vt > 0:
+                    if n_valid > 0:  # step n_valid: V of the last exact tile, the first k-bar tile
+                        self._load_bias(bias, cnt, mVB, tScS, i_b, i_h, i_q, 0, n_kv, n_last)
+                        vh = kv_cons.wait_and_advance()
+                        kh = vp_cons.wait_and_advance()
+                        self._issue_ss(qk_mma, acc_s, sQi, tSrKp[(None, None, None, kh.index)])
+                        self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, koff + vh.index)])
+                        warpgroup.wait_group(1)
+                        kh.release()
+                        self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt,
+                                           tScS, True, False, rem, False)
+                        warpgroup.wait_group(0)
+                        vh.release()
+                        self._rescale_o(acc_o, alpha)
+                        self._to_p(acc_s, tOrP)
+                    for u in cutlass.range(n_valid + 1, n_tiles, unroll=1):
+                        self._load_bias(bias, cnt, mVB, tScS, i_b, i_h, i_q, u - n_valid, n_kv, n_last)
+                        vh = vp_cons.wait_and_advance()
+                        kh = vp_cons.wait_and_advance()
+                        self._issue_ss(qk_mma, acc_s, sQi, tSrKp[(None, None, None, kh.index)])
+                        self._issue_rs(pv_mma, acc_o, tOrP, tOrVp[(None, None, None, vh.index)])
+                        warpgroup.wait_group(1)
+                        kh.release()
+                        self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt,
+                                           tScS, True, False, rem, False)
+                        warpgroup.wait_group(0)
+                        vh.release()
+                        self._rescale_o(acc_o, alpha)
+                        self._to_p(acc_s, tOrP)
+                    vhl = vp_cons.wait_and_advance()
+                    self._issue_rs(pv_mma, acc_o, tOrP, tOrVp[(None, None, None, vhl.index)])
+                    warpgroup.wait_group(0)
+                    vhl.release()
+                else:
+                    vhl = kv_cons.wait_and_advance()
+                    self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, koff + vhl.index)])
+                    warpgroup.wait_group(0)
+                    vhl.release()
+            if n_vt > 0:
+                # first-order term: acc += s (q H-bar) * g (fwd.py), H-bar from the shared stages
+                qh_thr = qh_mma.get_slice(ctid)
+                tHrQ = qh_thr.make_fragment_A(qh_thr.partition_A(sQ))[(None, None, None, c)]
+                tHrH = qh_thr.make_fragment_B(qh_thr.partition_B(sVp))
+                acc_h = qh_thr.make_fragment_C(qh_thr.partition_shape_C(self.pv_tiler[:2]))
+                n_kb = cute.size(tHrH, mode=[2])
+                hhs = []
+                for t in cutlass.range_constexpr(self.d // BS):
+                    hhs.append(vp_cons.wait_and_advance())
+                acc_h.fill(0.0)
+                warpgroup.fence()
+                for t in cutlass.range_constexpr(self.d // BS):
+                    for kb in cutlass.range_constexpr(n_kb):
+                        cute.gemm(qh_mma, acc_h, tHrQ[(None, None, t * n_kb + kb)],
+                                  tHrH[(None, None, kb, hhs[t].index)], acc_h)
+                warpgroup.commit_group()
+                warpgroup.wait_group(0)
+                for t in cutlass.range_constexpr(self.d // BS):
+                    hhs[t].release()
+                for r in cutlass.range_constexpr(n_rows):
+                    row_g[r] = self._quad_sum(row_g[r])
+                for e in cutlass.range_constexpr(cute.size(acc_o)):
+                    acc_o[e] = acc_o[e] + acc_h[e] * (scale * row_g[self._row_slot_e(e)])
+            for r in cutlass.range_constexpr(n_rows):
+                row_sum[r] = self._quad_sum(row_sum[r])
+            if i_own < n_kv:
+                for e in cutlass.range_constexpr(cute.size(acc_o)):
+                    t_row = i_q * BS + tOcO[e][0]
+                    if t_row < T:
+                        mO[t_row, tOcO[e][1], hb] = (acc_o[e] / row_sum[self._row_slot_e(e)]).to(mO.element_type)
+        return

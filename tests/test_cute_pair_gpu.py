@@ -1,0 +1,105 @@
+"""The CuTe pisa / pwt kernel with two query blocks per CTA (kernels/cute/fwd_pair.py) on an SM90 GPU: against the
+one-block kernel (fwd.py) under identical routing (same per-tile arithmetic, so the outputs must agree to bf16
+rounding), against the float64 reference, on an odd number of query blocks (the last CTA's second warpgroup
+computes a block it does not store), routing lists of unequal length (band 0 / sinks, -1 padding), no virtual
+tiles (budget >= N) and the Morton path (which keeps fwd.py's kernel when the output permutation is on). Skipped
+(one line) without CUDA, an SM90 GPU or nvidia-cutlass-dsl."""
+import pytest
+import torch
+
+from gpu_common import cfg_of, float64_reference, rel, rnd
+
+
+def _skip_reason():
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU"
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) != (9, 0):
+        return f"needs an SM90 (Hopper) GPU, got sm_{major}{minor}"
+    import kernels.cute as kc
+    if kc._IMPORT_ERROR is not None:
+        return f"cute backend unavailable: {kc._IMPORT_ERROR}"
+    return None
+
+
+_why = _skip_reason()
+if _why is not None:
+    pytest.skip(f"CuTe pair-kernel GPU tests skipped: {_why}", allow_module_level=True)
+
+pytestmark = pytest.mark.gpu
+
+REF_TOL = 3e-3
+SAME_TOL = 1e-5  # pair vs one-block kernel: the same operations per query block
+
+
+def _run(q, k, v, cfg, routing, monkeypatch, pair, stages=None):
+    from kernels import cute as kc
+    monkeypatch.setenv("PSA_CUTE_PAIR", "1" if pair else "0")
+    if stages is not None:
+        monkeypatch.setenv("PSA_CUTE_VT_STAGES", str(stages))
+    return kc.forward_with_routing(q, k, v, cfg, routing)
+
+
+def _check(q, k, v, cfg, monkeypatch, stages=None):
+    r, ref = float64_reference(q, k, v, cfg)
+    one = _run(q, k, v, cfg, r, monkeypatch, False)
+    two = _run(q, k, v, cfg, r, monkeypatch, True, stages)
+    assert torch.isfinite(two).all()
+    e_same = rel(two, one)
+    assert e_same <= SAME_TOL, f"pair vs one-block kernel, identical routing: rel L2 {e_same:.2e}"
+    e_ref = rel(two, ref)
+    assert e_ref <= REF_TOL, f"pair kernel vs float64 reference: rel L2 {e_ref:.2e} > {REF_TOL:.0e}"
+    return e_same, e_ref
+
+
+# T 1000: 16 query blocks, a partial last one; T 936: 15 (odd: the last CTA's second warpgroup stores nothing);
+# T 4033: 64, batch 2; T 64: one block (one CTA, both warpgroups on it)
+@pytest.mark.parametrize("variant", ["pwt", "pisa"])
+@pytest.mark.parametrize("shape", [(1, 2, 1000, 128), (1, 2, 936, 128), (2, 2, 4033, 128), (1, 1, 64, 128)],
+                         ids=lambda s: "B{}_H{}_T{}_D{}".format(*s))
+def test_pair_matches_one_block_kernel_and_reference(variant, shape, monkeypatch):
+    q, k, v = (rnd(shape, seed=80 + s) for s in range(3))
+    _check(q, k, v, cfg_of(128, 0.125, variant), monkeypatch)
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_pair_shared_stage_counts(stages, monkeypatch):
+    q, k, v = (rnd((1, 2, 4096, 128), seed=84 + s) for s in range(3))
+    _check(q, k, v, cfg_of(128, 0.2, "pwt"), monkeypatch, stages)
+
+
+def test_pair_unequal_lists_band_zero_and_sinks(monkeypatch):
+    # band 0 + a sink block: lists of different lengths in adjacent query blocks, so the two warpgroups of a CTA
+    # reach the shared virtual tiles at different times
+    q, k, v = (rnd((2, 2, 4033, 128), seed=87 + s) for s in range(3))
+    _check(q, k, v, cfg_of(128, 0.2, "pwt", band=0, sinks=1), monkeypatch)
+    _check(q, k, v, cfg_of(128, 0.05, "pisa", band=0, sinks=1), monkeypatch)
+
+
+def test_pair_large_logits(monkeypatch):
+    q, k, v = (rnd((1, 2, 1000, 128), seed=90 + s) for s in range(3))
+    q = (q.float() * 30).to(torch.bfloat16)
+    r, ref = float64_reference(q, k, v, cfg_of(128, 0.125, "pwt"))
+    two = _run(q, k, v, cfg_of(128, 0.125, "pwt"), r, monkeypatch, True)
+    one = _run(q, k, v, cfg_of(128, 0.125, "pwt"), r, monkeypatch, False)
+    assert torch.isfinite(two).all() and rel(two, one) <= SAME_TOL and rel(two, ref) <= 1e-2
+
+
+def test_pair_density_one_has_no_virtual_tiles(monkeypatch):
+    import torch.nn.functional as F
+    from kernels import cute as kc
+    q, k, v = (rnd((1, 2, 936, 128), seed=93 + s) for s in range(3))
+    monkeypatch.setenv("PSA_CUTE_PAIR", "1")
+    out = kc.forward(q, k, v, cfg_of(128, 1.0, "pwt"))
+    assert rel(out, F.scaled_dot_product_attention(q, k, v)) <= 3e-3
+
+
+def test_pair_own_routing_and_dit_like(monkeypatch):
+    from kernels import triton as kt
+    from kernels import cute as kc
+    from kernels.synthetic import dit_like_qkv
+    q, k, v = dit_like_qkv((4, 32, 32), heads=2, head_dim=128, dtype=torch.bfloat16, device="cuda")
+    cfg = cfg_of(128, 0.1, "pwt")
+    _check(q, k, v, cfg, monkeypatch)
+    monkeypatch.setenv("PSA_CUTE_PAIR", "1")
+    assert rel(kc.forward(q, k, v, cfg), kt.forward(q, k, v, cfg)) <= 2e-3
