@@ -197,6 +197,16 @@ PYEOF
     timeout 150 python bench/probes/cute_out_perm.py PSA_MORTON_SCRATCH 0 1 > "$OUT/cute_morton_chunks.txt" 2>&1
     log "cute_morton_chunks $(tail -1 "$OUT/cute_morton_chunks.txt" | cut -c1-600)"
     ;;
+J)  # session 7, after a call that stashed .carry/cs_a (carry .carry/cs_b): the persistent pair kernel's tests, the
+    # build comparison and the virtual-work split
+    python -c "import cutlass" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    run_tests pair 240 tests/test_cute_pair_gpu.py
+    log "cute_pair probe"
+    timeout 200 python bench/probes/cute_pair.py > "$OUT/cute_pair.txt" 2>&1
+    log "cute_pair $(tail -1 "$OUT/cute_pair.txt" | cut -c1-300)"
+    timeout 200 python bench/probes/cute_pair.py --split > "$OUT/cute_pair_split.txt" 2>&1
+    log "cute_pair --split rc=$?"
+    ;;
 *)
     echo "unknown phase $PHASE"; exit 2 ;;
 esac

@@ -52,10 +52,12 @@ def _check(q, k, v, cfg, monkeypatch, stages=None):
     return e_same, e_ref
 
 
-# T 1000: 16 query blocks, a partial last one; T 936: 15 (odd: the last CTA's second warpgroup stores nothing);
-# T 4033: 64, batch 2; T 64: one block (one CTA, both warpgroups on it)
+# T 1000: 16 query blocks, a partial last one; T 936: 15 (odd: the last pair's second warpgroup stores nothing);
+# T 4033: 64, batch 2; T 64: one block (one CTA, both warpgroups on it); B3 H12 T936 and B1 H8 T4096: more CTAs
+# (288, 256) than SMs.
 @pytest.mark.parametrize("variant", ["pwt", "pisa"])
-@pytest.mark.parametrize("shape", [(1, 2, 1000, 128), (1, 2, 936, 128), (2, 2, 4033, 128), (1, 1, 64, 128)],
+@pytest.mark.parametrize("shape", [(1, 2, 1000, 128), (1, 2, 936, 128), (2, 2, 4033, 128), (1, 1, 64, 128),
+                                   (3, 12, 936, 128), (1, 8, 4096, 128)],
                          ids=lambda s: "B{}_H{}_T{}_D{}".format(*s))
 def test_pair_matches_one_block_kernel_and_reference(variant, shape, monkeypatch):
     q, k, v = (rnd(shape, seed=80 + s) for s in range(3))

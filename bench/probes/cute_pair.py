@@ -3,9 +3,12 @@ tiles read once for both) against the one-block kernel (fwd.py), attention only 
 480p and 720p (random bf16, H40 D128, density 0.125), alternated twice: one-block ("one"), pair with 2 / 3 / 4
 shared stages ("p2", "p3", "p4"), pair with 3 exact stages per consumer and 4 shared ("p3e3"); drop (the exact part)
 once, so virtual = pwt - drop per build; each build's largest difference from the one-block output (the same
-operations per query block: ~0 expected). Prints one line `RESULT {...}`; bench/gpu_round.sh H picks from it.
+operations per query block: ~0 expected). Prints one line `RESULT {...}`; bench/gpu_round.sh I picks from it.
+--split: the one-block and pair (3 shared stages) builds with pieces of the virtual work removed (timing probes of
+fwd_pair.py / fwd.attention(probe=): no virtual tiles, no bias loads, virtual tiles through the exact softmax, no
+first-order GEMM), for where the virtual tiles' time goes (their outputs are wrong by design).
 
-    python bench/probes/cute_pair.py"""
+    python bench/probes/cute_pair.py [--split]"""
 import json
 import sys
 
@@ -17,8 +20,12 @@ from kernels.config import SparseConfig  # noqa: E402
 from kernels.cute import fwd as CF  # noqa: E402
 from kernels.triton import stats as kts  # noqa: E402
 
-# name -> (pair, exact stages, shared stages)
+# name -> (pair, exact stages, shared stages[, timing probe])
 BUILDS = {"one": (False, 4, 0), "p4": (True, 4, 4), "p3": (True, 4, 3), "p2": (True, 4, 2), "p3e3": (True, 3, 4)}
+if "--split" in sys.argv:  # where the virtual tiles' time goes: pieces removed one at a time (wrong outputs)
+    BUILDS = {"one": (False, 4, 0), "one_novt": (False, 4, 0, "novt"), "p3": (True, 4, 3),
+              "p3_novt": (True, 4, 3, "novt"), "p3_nobias": (True, 4, 3, "nobias"),
+              "p3_asexact": (True, 4, 3, "asexact"), "p3_nohbar": (True, 4, 3, "nohbar")}
 res = {}
 for name, T in (("wan14", 32760), ("wan14_720", 75600)):
     q, k, v = (torch.randn(1, 40, T, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -33,10 +40,10 @@ for name, T in (("wan14", 32760), ("wan14_720", 75600)):
 
     def call(b):
         import os
-        pair, kv, vt = BUILDS[b]
+        pair, kv, vt, probe = (BUILDS[b] + ("",))[:4]
         if vt:
             os.environ["PSA_CUTE_VT_STAGES"] = str(vt)
-        CF.attention(q, k, v, outs[b], st, idx, vb, cp, kv_stages=kv, pair=pair)
+        CF.attention(q, k, v, outs[b], st, idx, vb, cp, kv_stages=kv, pair=pair, probe=probe)
 
     for r in range(2):
         for b in BUILDS:

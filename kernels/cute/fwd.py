@@ -90,9 +90,13 @@ BIAS_PF = False
 # (bench/probes/cute_out_perm.py, session 6, two rounds): 480p 8.00 / 8.77 ms vs 8.10 / 8.09 with the scatter,
 # 720p 41.12 / 40.29 vs 39.89 / 40.48, and more memory (its output cannot go over the q copy): off
 OUT_PERM = False
-# pisa / pwt: two query blocks per CTA reading the virtual-token tiles once (fwd_pair.py; PSA_CUTE_PAIR=1/0
-# overrides, PSA_CUTE_VT_STAGES its shared stages). Not yet measured on a GPU: off
-PAIR = False
+# pisa / pwt: two query blocks per CTA reading the virtual-token tiles once (fwd_pair.py) from PAIR_MIN_BLOCKS KV
+# blocks on (PSA_CUTE_PAIR=1/0 forces it on / off, PSA_CUTE_VT_STAGES its shared stages). H200, session 7
+# (bench/probes/cute_pair.py, two runs of two rounds): Wan2.1-14B 720p (1182 blocks) pwt 35.9 / 36.2 and 35.2 / 35.9
+# ms vs 38.4 / 37.1 and 37.8 / 36.1 for this kernel; 480p (512 blocks) 6.94 / 7.13 vs 6.89 / 7.24 (equal: there its
+# exact part runs 0.26 ms slower at one CTA per SM, what the halved virtual stream saves)
+PAIR_MIN_BLOCKS = 1024
+PAIR_VT_STAGES = 3  # its shared virtual-tile stages (cute_pair.py, session 7: 3 fastest at 720p, 2-4 equal at 480p)
 
 
 class PiecewiseSparseFwdSm90(TileOps):
@@ -504,7 +508,7 @@ def out_perm_enabled() -> bool:
 
 def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None, q_rs: bool | None = None,
               bias_l2: bool | None = None, bias_pf: bool | None = None, perm: torch.Tensor | None = None,
-              pair: bool | None = None):
+              pair: bool | None = None, probe: str = ""):
     """Fused forward on [B, HC, T, D] bf16 views (unit last stride, 16-byte aligned strides); same
     arguments and meaning as kernels.triton.fwd.attention, except that `perm` (int32 [T], the full Morton
     order: kernels.reorder.full_order) only moves the output rows (q, k, v are read in block order): row t of
@@ -533,10 +537,15 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
         raise ValueError(f"cute backend: perm must be a contiguous int32 [T={T}] tensor, got {perm.dtype} "
                          f"{tuple(perm.shape)}")
     # the pair build (fwd_pair.py) has Q in registers and neither bias-load experiment nor the output permutation
-    pair = (approx and q_rs and not (out_perm or bias_l2 or bias_pf)
-            and (_env_flag("PSA_CUTE_PAIR", PAIR) if pair is None else bool(pair)))
-    vt_stages = int(os.environ.get("PSA_CUTE_VT_STAGES", "4")) if pair else 0
-    key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm, vt_stages)
+    if pair is None:
+        pair = _env_flag("PSA_CUTE_PAIR", n >= PAIR_MIN_BLOCKS)
+    pair = approx and q_rs and not (out_perm or bias_l2 or bias_pf) and bool(pair)
+    vt_stages = int(os.environ.get("PSA_CUTE_VT_STAGES", PAIR_VT_STAGES)) if pair else 0
+    if probe == "novt":  # timing probe: the approx build with no virtual tiles (the exact loop alone)
+        n_vt, probe = 0, ("novt" if not pair else "")
+    elif probe and not pair:
+        raise ValueError("cute backend: timing probes run on the pair build only")
+    key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm, vt_stages, probe)
     args = [_cute(x) for x in (q, k, v, out, kb, vm, hb)]
     args += [from_dlpack(vb.detach(), assumed_align=2).mark_layout_dynamic(leading_dim=3),
              from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3),
@@ -553,7 +562,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
                 if pair:
                     from .fwd_pair import PairFwdSm90
 
-                    kern = PairFwdSm90(stages, vt_stages, D)
+                    kern = PairFwdSm90(stages, vt_stages, D, probe)
                 else:
                     kern = PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2, bias_pf, out_perm)
                 fn = cute.compile(kern, *args, *scal, stream)

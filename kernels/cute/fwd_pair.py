@@ -33,11 +33,11 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import warpgroup
 
-from .fwd import PiecewiseSparseFwdSm90
-from .tile_ops import BS
+from .fwd import PAIR_VT_STAGES, PiecewiseSparseFwdSm90
+from .tile_ops import BS, LOG2E
 
 KV_STAGES = 4  # per consumer (fwd.py's measured best at 2 CTAs per SM)
-VT_STAGES = 4  # the shared virtual-tile pipeline
+VT_STAGES = PAIR_VT_STAGES  # the shared virtual-tile pipeline
 
 
 def _shifted(sync, off):
@@ -58,9 +58,14 @@ def _pipe_view(pipe, off):
 class PairFwdSm90(PiecewiseSparseFwdSm90):
     """pisa / pwt only; compile-time configuration: exact stages per consumer, shared virtual stages."""
 
-    def __init__(self, kv_stages: int = KV_STAGES, vt_stages: int = VT_STAGES, head_dim: int = 128):
+    def __init__(self, kv_stages: int = KV_STAGES, vt_stages: int = VT_STAGES, head_dim: int = 128, probe: str = ""):
         super().__init__(True, kv_stages, head_dim, q_rs=True)
         self.vt_stages = vt_stages
+        # timing probes only (bench/probes/cute_pair.py --split; wrong outputs): "nobias" (virtual tiles without
+        # their bias / count loads), "asexact" (virtual tiles through the exact tiles' softmax, no bias),
+        # "nohbar" (the first-order GEMM skipped, its tiles still waited for)
+        assert probe in ("", "nobias", "asexact", "nohbar")
+        self.probe = probe
         self.threads = 384
         self.regs_producer = 24
         self.regs_consumer = 240
@@ -92,6 +97,34 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
                     sQ_layout, sK_layout, sV_layout, sKp_layout, sVp_layout).launch(
             grid=[(n_q + 1) // 2, mQ4.shape[1], mQ4.shape[0]], block=[self.threads, 1, 1], stream=stream,
             min_blocks_per_mp=1)
+
+    @cute.jit
+    def _bias_fetch(self, bias_h, vrow, tScS, t, n_kv):
+        """Issue the raw float16 loads of virtual tile t's bias (one per column slot): converted one step later
+        by _bias_use, so they stay in flight through a whole tile step instead of one S GEMM (what the bias loads
+        cost fwd.py: 0.29 ms at 480p, 1.16 ms at 720p, bench/probes/cute_pair.py --split)."""
+        if cutlass.const_expr(self.probe not in ("nobias", "asexact")):
+            # past the end: the last block's value (a valid address, no branch), replaced by -inf in _bias_use
+            for c in cutlass.range_constexpr(cute.size(bias_h)):
+                bias_h[c] = vrow[cutlass.min(t * BS + tScS[(c % 2) + 4 * (c // 2)][1], n_kv - 1)]
+
+    @cute.jit
+    def _bias_use(self, bias, cnt, bias_h, tScS, t, n_kv, n_last):
+        """tile_ops._load_bias's values from the fetched registers: the bias in log2 units (-inf past the end;
+        an exact block's -inf is in the row) and the block's real token count."""
+        for c in cutlass.range_constexpr(cute.size(bias)):
+            jj = t * BS + tScS[(c % 2) + 4 * (c // 2)][1]
+            b = -cutlass.Float32.inf
+            n = cutlass.Float32(BS)
+            if jj < n_kv:
+                if cutlass.const_expr(self.probe in ("nobias", "asexact")):
+                    b = cutlass.Float32(0.0)
+                else:
+                    b = bias_h[c].to(cutlass.Float32) * LOG2E
+                if jj == n_kv - 1:
+                    n = n_last
+            bias[c] = b
+            cnt[c] = n
 
     # ------------------------------------------------------------------ device side
     @cute.kernel
@@ -237,6 +270,12 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
             n_cols = cute.size(acc_s) // n_rows
             bias = cute.make_rmem_tensor(cute.make_layout(n_cols), cutlass.Float32)
             cnt = cute.make_rmem_tensor(cute.make_layout(n_cols), cutlass.Float32)
+            bias_h = cute.make_rmem_tensor(cute.make_layout(n_cols), mVB.element_type)  # fetched, not converted
+            for cc in cutlass.range_constexpr(n_cols):
+                bias_h[cc] = cutlass.Float32(0.0).to(mVB.element_type)
+            vrow = mVB[i_b, i_h, i_q, None]  # this query block's bias row
+            if n_vt > 0:  # virtual tile 0's bias, in flight through the exact loop
+                self._bias_fetch(bias_h, vrow, tScS, 0, n_kv)
             # fwd.py's software-pipelined loop, split where the tiles change pipelines: exact tiles (own
             # stages), the boundary step (V of the last exact tile, the first k-bar tile), virtual tiles
             # (shared stages), the last P V
@@ -247,7 +286,9 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
                     warpgroup.wait_group(0)
                     kh0.release()
                 else:
-                    self._load_bias(bias, cnt, mVB, tScS, i_b, i_h, i_q, 0, n_kv, n_last)
+                    self._bias_use(bias, cnt, bias_h, tScS, 0, n_kv, n_last)
+                    if 1 < n_vt:
+                        self._bias_fetch(bias_h, vrow, tScS, 1, n_kv)
                     kp0 = vp_cons.wait_and_advance()
                     self._issue_ss(qk_mma, acc_s, sQi, tSrKp[(None, None, None, kp0.index)])
                     warpgroup.wait_group(0)
@@ -270,29 +311,34 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
                     self._to_p(acc_s, tOrP)
                 if n_vt > 0:
                     if n_valid > 0:  # step n_valid: V of the last exact tile, the first k-bar tile
-                        self._load_bias(bias, cnt, mVB, tScS, i_b, i_h, i_q, 0, n_kv, n_last)
                         vh = kv_cons.wait_and_advance()
                         kh = vp_cons.wait_and_advance()
                         self._issue_ss(qk_mma, acc_s, sQi, tSrKp[(None, None, None, kh.index)])
                         self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, koff + vh.index)])
+                        self._bias_use(bias, cnt, bias_h, tScS, 0, n_kv, n_last)
+                        if 1 < n_vt:
+                            self._bias_fetch(bias_h, vrow, tScS, 1, n_kv)
                         warpgroup.wait_group(1)
                         kh.release()
                         self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt,
-                                           tScS, True, False, rem, False)
+                                           tScS, self.probe != "asexact", False, rem, False)
                         warpgroup.wait_group(0)
                         vh.release()
                         self._rescale_o(acc_o, alpha)
                         self._to_p(acc_s, tOrP)
                     for u in cutlass.range(n_valid + 1, n_tiles, unroll=1):
-                        self._load_bias(bias, cnt, mVB, tScS, i_b, i_h, i_q, u - n_valid, n_kv, n_last)
                         vh = vp_cons.wait_and_advance()
                         kh = vp_cons.wait_and_advance()
                         self._issue_ss(qk_mma, acc_s, sQi, tSrKp[(None, None, None, kh.index)])
                         self._issue_rs(pv_mma, acc_o, tOrP, tOrVp[(None, None, None, vh.index)])
+                        t = u - n_valid
+                        self._bias_use(bias, cnt, bias_h, tScS, t, n_kv, n_last)
+                        if t + 1 < n_vt:
+                            self._bias_fetch(bias_h, vrow, tScS, t + 1, n_kv)
                         warpgroup.wait_group(1)
                         kh.release()
                         self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt,
-                                           tScS, True, False, rem, False)
+                                           tScS, self.probe != "asexact", False, rem, False)
                         warpgroup.wait_group(0)
                         vh.release()
                         self._rescale_o(acc_o, alpha)
@@ -317,13 +363,14 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
                 for t in cutlass.range_constexpr(self.d // BS):
                     hhs.append(vp_cons.wait_and_advance())
                 acc_h.fill(0.0)
-                warpgroup.fence()
-                for t in cutlass.range_constexpr(self.d // BS):
-                    for kb in cutlass.range_constexpr(n_kb):
-                        cute.gemm(qh_mma, acc_h, tHrQ[(None, None, t * n_kb + kb)],
-                                  tHrH[(None, None, kb, hhs[t].index)], acc_h)
-                warpgroup.commit_group()
-                warpgroup.wait_group(0)
+                if cutlass.const_expr(self.probe != "nohbar"):
+                    warpgroup.fence()
+                    for t in cutlass.range_constexpr(self.d // BS):
+                        for kb in cutlass.range_constexpr(n_kb):
+                            cute.gemm(qh_mma, acc_h, tHrQ[(None, None, t * n_kb + kb)],
+                                      tHrH[(None, None, kb, hhs[t].index)], acc_h)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(0)
                 for t in cutlass.range_constexpr(self.d // BS):
                     hhs[t].release()
                 for r in cutlass.range_constexpr(n_rows):
