@@ -92,10 +92,11 @@ BIAS_PF = False
 OUT_PERM = False
 # pisa / pwt: two query blocks per CTA reading the virtual-token tiles once (fwd_pair.py) from PAIR_MIN_BLOCKS KV
 # blocks on (PSA_CUTE_PAIR=1/0 forces it on / off, PSA_CUTE_VT_STAGES its shared stages). H200, session 7
-# (bench/probes/cute_pair.py, two runs of two rounds): Wan2.1-14B 720p (1182 blocks) pwt 35.9 / 36.2 and 35.2 / 35.9
-# ms vs 38.4 / 37.1 and 37.8 / 36.1 for this kernel; 480p (512 blocks) 6.94 / 7.13 vs 6.89 / 7.24 (equal: there its
-# exact part runs 0.26 ms slower at one CTA per SM, what the halved virtual stream saves)
-PAIR_MIN_BLOCKS = 1024
+# (bench/probes/cute_pair.py, attention alone, two rounds, pwt d 0.125): Wan2.1-14B 720p (1182 blocks) 35.65 / 35.97
+# ms vs 38.46 / 37.04 for this kernel, 480p (512 blocks) 6.83 / 7.04 vs 6.87 / 7.28. Smaller problems (FLUX.1,
+# 72 blocks) were not measured with it and keep this kernel
+PAIR_MIN_BLOCKS = 512
+PAIR_ITEMS = 2  # adjacent query-block pairs per CTA (PSA_CUTE_PAIR_ITEMS), so the next one's loads overlap this one
 PAIR_VT_STAGES = 3  # its shared virtual-tile stages (cute_pair.py, session 7: 3 fastest at 720p, 2-4 equal at 480p)
 
 
@@ -541,11 +542,12 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
         pair = _env_flag("PSA_CUTE_PAIR", n >= PAIR_MIN_BLOCKS)
     pair = approx and q_rs and not (out_perm or bias_l2 or bias_pf) and bool(pair)
     vt_stages = int(os.environ.get("PSA_CUTE_VT_STAGES", PAIR_VT_STAGES)) if pair else 0
+    items = int(os.environ.get("PSA_CUTE_PAIR_ITEMS", PAIR_ITEMS)) if pair else 0
     if probe == "novt":  # timing probe: the approx build with no virtual tiles (the exact loop alone)
         n_vt, probe = 0, ("novt" if not pair else "")
     elif probe and not pair:
         raise ValueError("cute backend: timing probes run on the pair build only")
-    key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm, vt_stages, probe)
+    key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm, vt_stages, probe, items)
     args = [_cute(x) for x in (q, k, v, out, kb, vm, hb)]
     args += [from_dlpack(vb.detach(), assumed_align=2).mark_layout_dynamic(leading_dim=3),
              from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3),
@@ -562,7 +564,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
                 if pair:
                     from .fwd_pair import PairFwdSm90
 
-                    kern = PairFwdSm90(stages, vt_stages, D, probe)
+                    kern = PairFwdSm90(stages, vt_stages, D, probe, items)
                 else:
                     kern = PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2, bias_pf, out_perm)
                 fn = cute.compile(kern, *args, *scal, stream)
