@@ -207,27 +207,10 @@ J)  # session 7, after a call that stashed .carry/cs_a (carry .carry/cs_b): the 
     timeout 200 python bench/probes/cute_pair.py --split > "$OUT/cute_pair_split.txt" 2>&1
     log "cute_pair --split rc=$?"
     ;;
-K)  # the pair kernel with 1 / 2 / 4 query-block pairs per CTA (carry .carry/cs_b after a stash call)
-    python -c "import cutlass" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
-    run_tests pair 240 tests/test_cute_pair_gpu.py
-    timeout 200 python bench/probes/cute_pair.py --items > "$OUT/cute_pair_items.txt" 2>&1
-    log "cute_pair --items rc=$?"
-    # the pairs per CTA with the least pwt time summed over both sizes and rounds (L and E then run with it)
-    IT=$(python - "$OUT/cute_pair_items.txt" <<'PYEOF'
-import json, sys
-lines = [ln for ln in open(sys.argv[1]) if ln.startswith("RESULT ")]
-r = json.loads(lines[0][7:]) if lines else {}
-tot = {it: sum(d.get(f"pwt_i{it}_r{i}_ms", 1e9) for d in r.values() for i in range(2)) for it in (1, 2, 4)}
-print(min(tot, key=tot.get) if r else 2)
-PYEOF
-)
-    log "items decision: PSA_CUTE_PAIR_ITEMS=$IT ($(tail -1 "$OUT/cute_pair_items.txt" | cut -c1-1500))"
-    echo "export PSA_CUTE_PAIR_ITEMS=$IT" > "$STASH/pair_env"
-    ;;
-L)  # every piece at 480p, 720p and FLUX.1 with the session-7 defaults (I/K's picks), both backends, Morton, FLUX as
+L)  # every piece at 480p, 720p and FLUX.1 with the session-7 defaults, both backends, Morton, FLUX as
     # the node calls it
     python -c "import cutlass" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: pieces runs Triton only"
-    log "pieces (session 7, PSA_CUTE_PAIR_ITEMS=${PSA_CUTE_PAIR_ITEMS:-default})"
+    log "pieces (session 7 defaults)"
     timeout 330 python bench/pieces.py --out "$OUT/pieces_l" --morton --flux-node \
         --shapes wan14,wan14_720,flux > "$OUT/pieces_l.log" 2>&1
     log "pieces rc=$?"

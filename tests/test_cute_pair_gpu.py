@@ -106,12 +106,3 @@ def test_pair_own_routing_and_dit_like(monkeypatch):
     monkeypatch.setenv("PSA_CUTE_PAIR", "1")
     assert rel(kc.forward(q, k, v, cfg), kt.forward(q, k, v, cfg)) <= 2e-3
 
-
-@pytest.mark.parametrize("items", [1, 3])
-@pytest.mark.parametrize("shape", [(1, 2, 1000, 128), (3, 12, 936, 128)], ids=lambda s: "B{}_H{}_T{}_D{}".format(*s))
-def test_pair_items_per_cta(items, shape, monkeypatch):
-    # adjacent query-block pairs per CTA (PSA_CUTE_PAIR_ITEMS): 8 pairs in 3 CTAs (the last one holding 2), 288 in 96;
-    # one per CTA. Every item reuses the CTA's pipelines where the previous one left them
-    monkeypatch.setenv("PSA_CUTE_PAIR_ITEMS", str(items))
-    q, k, v = (rnd(shape, seed=96 + s) for s in range(3))
-    _check(q, k, v, cfg_of(128, 0.125, "pwt"), monkeypatch)

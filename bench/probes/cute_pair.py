@@ -6,10 +6,9 @@ once, so virtual = pwt - drop per build; each build's largest difference from th
 operations per query block: ~0 expected). Prints one line `RESULT {...}`; bench/gpu_round.sh I picks from it.
 --split: the one-block and pair (3 shared stages) builds with pieces of the virtual work removed (timing probes of
 fwd_pair.py / fwd.attention(probe=): no virtual tiles, no bias loads, virtual tiles through the exact softmax, no
-first-order GEMM), for where the virtual tiles' time goes (their outputs are wrong by design). --items: 1, 2 and 4
-adjacent query-block pairs per CTA, with and without the virtual tiles.
+first-order GEMM), for where the virtual tiles' time goes (their outputs are wrong by design).
 
-    python bench/probes/cute_pair.py [--split | --items]"""
+    python bench/probes/cute_pair.py [--split]"""
 import json
 import sys
 
@@ -21,17 +20,12 @@ from kernels.config import SparseConfig  # noqa: E402
 from kernels.cute import fwd as CF  # noqa: E402
 from kernels.triton import stats as kts  # noqa: E402
 
-# name -> (pair, exact stages, shared stages[, timing probe[, query-block pairs per CTA]])
+# name -> (pair, exact stages, shared stages[, timing probe])
 BUILDS = {"one": (False, 4, 0), "p4": (True, 4, 4), "p3": (True, 4, 3), "p2": (True, 4, 2), "p3e3": (True, 3, 4)}
 if "--split" in sys.argv:  # where the virtual tiles' time goes: pieces removed one at a time (wrong outputs)
     BUILDS = {"one": (False, 4, 0), "one_novt": (False, 4, 0, "novt"), "p3": (True, 4, 3),
               "p3_novt": (True, 4, 3, "novt"), "p3_nobias": (True, 4, 3, "nobias"),
               "p3_asexact": (True, 4, 3, "asexact"), "p3_nohbar": (True, 4, 3, "nohbar")}
-if "--items" in sys.argv:  # query-block pairs per CTA (PSA_CUTE_PAIR_ITEMS), with and without the virtual tiles
-    BUILDS = {"one": (False, 4, 0), "one_novt": (False, 4, 0, "novt")}
-    for it in (1, 2, 4):
-        BUILDS[f"i{it}"] = (True, 4, 3, "", it)
-        BUILDS[f"i{it}_novt"] = (True, 4, 3, "novt", it)
 res = {}
 for name, T in (("wan14", 32760), ("wan14_720", 75600)):
     q, k, v = (torch.randn(1, 40, T, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -46,10 +40,9 @@ for name, T in (("wan14", 32760), ("wan14_720", 75600)):
 
     def call(b):
         import os
-        pair, kv, vt, probe, items = (BUILDS[b] + ("", 2))[:5]
+        pair, kv, vt, probe = (BUILDS[b] + ("",))[:4]
         if vt:
             os.environ["PSA_CUTE_VT_STAGES"] = str(vt)
-        os.environ["PSA_CUTE_PAIR_ITEMS"] = str(items)
         CF.attention(q, k, v, outs[b], st, idx, vb, cp, kv_stages=kv, pair=pair, probe=probe)
 
     for r in range(2):

@@ -96,7 +96,6 @@ OUT_PERM = False
 # ms vs 38.46 / 37.04 for this kernel, 480p (512 blocks) 6.83 / 7.04 vs 6.87 / 7.28. Smaller problems (FLUX.1,
 # 72 blocks) were not measured with it and keep this kernel
 PAIR_MIN_BLOCKS = 512
-PAIR_ITEMS = 2  # adjacent query-block pairs per CTA (PSA_CUTE_PAIR_ITEMS), so the next one's loads overlap this one
 PAIR_VT_STAGES = 3  # its shared virtual-tile stages (cute_pair.py, session 7: 3 fastest at 720p, 2-4 equal at 480p)
 
 
@@ -542,12 +541,11 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
         pair = _env_flag("PSA_CUTE_PAIR", n >= PAIR_MIN_BLOCKS)
     pair = approx and q_rs and not (out_perm or bias_l2 or bias_pf) and bool(pair)
     vt_stages = int(os.environ.get("PSA_CUTE_VT_STAGES", PAIR_VT_STAGES)) if pair else 0
-    items = int(os.environ.get("PSA_CUTE_PAIR_ITEMS", PAIR_ITEMS)) if pair else 0
     if probe == "novt":  # timing probe: the approx build with no virtual tiles (the exact loop alone)
         n_vt, probe = 0, ("novt" if not pair else "")
     elif probe and not pair:
         raise ValueError("cute backend: timing probes run on the pair build only")
-    key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm, vt_stages, probe, items)
+    key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm, vt_stages, probe)
     args = [_cute(x) for x in (q, k, v, out, kb, vm, hb)]
     args += [from_dlpack(vb.detach(), assumed_align=2).mark_layout_dynamic(leading_dim=3),
              from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3),
@@ -564,7 +562,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
                 if pair:
                     from .fwd_pair import PairFwdSm90
 
-                    kern = PairFwdSm90(stages, vt_stages, D, probe, items)
+                    kern = PairFwdSm90(stages, vt_stages, D, probe)
                 else:
                     kern = PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2, bias_pf, out_perm)
                 fn = cute.compile(kern, *args, *scal, stream)

@@ -33,7 +33,7 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import warpgroup
 
-from .fwd import PAIR_ITEMS, PAIR_VT_STAGES, PiecewiseSparseFwdSm90
+from .fwd import PAIR_VT_STAGES, PiecewiseSparseFwdSm90
 from .tile_ops import BS, LOG2E
 
 KV_STAGES = 4  # per consumer (fwd.py's measured best at 2 CTAs per SM)
@@ -58,10 +58,8 @@ def _pipe_view(pipe, off):
 class PairFwdSm90(PiecewiseSparseFwdSm90):
     """pisa / pwt only; compile-time configuration: exact stages per consumer, shared virtual stages."""
 
-    def __init__(self, kv_stages: int = KV_STAGES, vt_stages: int = VT_STAGES, head_dim: int = 128, probe: str = "",
-                 items: int = PAIR_ITEMS):
+    def __init__(self, kv_stages: int = KV_STAGES, vt_stages: int = VT_STAGES, head_dim: int = 128, probe: str = ""):
         super().__init__(True, kv_stages, head_dim, q_rs=True)
-        self.items = items  # adjacent work items (query-block pairs) per CTA, one after the other
         self.vt_stages = vt_stages
         # timing probes only (bench/probes/cute_pair.py --split; wrong outputs): "nobias" (virtual tiles without
         # their bias / count loads), "asexact" (virtual tiles through the exact tiles' softmax, no bias),
@@ -94,18 +92,10 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
             sKVp: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sKp_layout)], 1024]
 
         self.smem = Smem
-        # q H-bar with the query tile from registers (the copy the S GEMMs use), so the query stage is released
-        # as soon as it is read and the next work item's query tile loads while this one runs
-        qh_rs = sm90_utils.make_trivial_tiled_mma(
-            dt, dt, warpgroup.OperandMajorMode.K, hs["v_layout"].sm90_mma_major_mode(), cutlass.Float32,
-            (1, 1, 1), self.pv_tiler[:2], warpgroup.OperandSource.RMEM)
         n_q = cute.ceil_div(mQ.shape[0], BS)
-        n_pairs = (n_q + 1) // 2
-        n_items = n_pairs * mQ4.shape[1] * mQ4.shape[0]
-        self.kernel(hs["qk_mma"], hs["pv_mma"], qh_rs, *hs["tmas"], mO, mVB, mIdx, n_vt, scale_log2, scale,
-                    n_pairs, mQ4.shape[1], n_items, sQ_layout, sK_layout, sV_layout, sKp_layout,
-                    sVp_layout).launch(
-            grid=[(n_items + self.items - 1) // self.items, 1, 1], block=[self.threads, 1, 1], stream=stream,
+        self.kernel(hs["qk_mma"], hs["pv_mma"], hs["qh_mma"], *hs["tmas"], mO, mVB, mIdx, n_vt, scale_log2, scale,
+                    sQ_layout, sK_layout, sV_layout, sKp_layout, sVp_layout).launch(
+            grid=[(n_q + 1) // 2, mQ4.shape[1], mQ4.shape[0]], block=[self.threads, 1, 1], stream=stream,
             min_blocks_per_mp=1)
 
     @cute.jit
@@ -136,12 +126,6 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
             bias[c] = b
             cnt[c] = n
 
-    @cute.jit
-    def _item(self, w, n_pairs, n_heads):
-        """Work item w -> (query-block pair, head, batch): consecutive CTAs take adjacent pairs of one head."""
-        r = w // n_pairs
-        return w - r * n_pairs, r % n_heads, r // n_heads
-
     # ------------------------------------------------------------------ device side
     @cute.kernel
     def kernel(self, qk_mma: cute.TiledMma, pv_mma: cute.TiledMma, qh_mma: cute.TiledMma,
@@ -149,14 +133,11 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
                tma_v: cute.CopyAtom, gVt: cute.Tensor, tma_kb: cute.CopyAtom, gKbt: cute.Tensor,
                tma_vm: cute.CopyAtom, gVmt: cute.Tensor, tma_h: cute.CopyAtom, gHt: cute.Tensor,
                mO: cute.Tensor, mVB: cute.Tensor, mIdx: cute.Tensor, n_vt: cutlass.Int32,
-               scale_log2: cutlass.Float32, scale: cutlass.Float32, n_pairs: cutlass.Int32, n_heads: cutlass.Int32,
-               n_items: cutlass.Int32,
+               scale_log2: cutlass.Float32, scale: cutlass.Float32,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
                sKp_layout: cute.ComposedLayout, sVp_layout: cute.ComposedLayout):
         tidx, _, _ = cute.arch.thread_idx()
-        bx, _, _ = cute.arch.block_idx()
-        w0 = bx * self.items
-        w1 = cutlass.min(w0 + self.items, n_items)
+        i_p, i_h, i_b = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = cute.arch.make_warp_uniform(tidx // 128)
         T = mO.shape[0]
@@ -188,56 +169,53 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
+        hb = (i_h, i_b)
         if wg == 0:
             cute.arch.setmaxregister_decrease(self.regs_producer)
             for c in cutlass.range_constexpr(2):
                 if warp == c:
+                    # query block 2p + c (an odd last block: both warps load the last one)
+                    i_q = cutlass.Int32(2 * i_p + c)
+                    if i_q >= n_kv:
+                        i_q = n_kv - 1
                     q_prod, _ = q_pipes[c].make_participants()
                     kv_prod, _ = kv_pipes[c].make_participants()
                     tQs, tQg = self._tma_part(tma_q, sQ, gQt, BS, self.d)
                     tKs, tKg = self._tma_part(tma_k, sK, gKt, BS, self.d)
                     tVs, tVg = self._tma_part(tma_v, sV, gVt, self.d, BS)
-                    for w in cutlass.range(w0, w1, unroll=1):
-                        i_p, i_h, i_b = self._item(w, n_pairs, n_heads)
-                        hb = (i_h, i_b)
-                        # query block 2p + c (an odd last block: both warps load the last one)
-                        i_q = cutlass.Int32(2 * i_p + c)
-                        if i_q >= n_kv:
-                            i_q = n_kv - 1
-                        h = q_prod.acquire_and_advance()
-                        cute.copy(tma_q, tQg[(None, i_q, 0, hb)], tQs[(None, c)], tma_bar_ptr=h.barrier)
-                        for kk in cutlass.range(n_sel, unroll=1):
-                            j = mIdx[i_b, i_h, i_q, kk]
-                            if j >= 0:
-                                h = kv_prod.acquire_and_advance()
-                                cute.copy(tma_k, tKg[(None, j, 0, hb)], tKs[(None, c * S + h.index)],
-                                          tma_bar_ptr=h.barrier)
-                                h = kv_prod.acquire_and_advance()
-                                cute.copy(tma_v, tVg[(None, 0, j, hb)], tVs[(None, c * S + h.index)],
-                                          tma_bar_ptr=h.barrier)
+                    h = q_prod.acquire_and_advance()
+                    cute.copy(tma_q, tQg[(None, i_q, 0, hb)], tQs[(None, c)], tma_bar_ptr=h.barrier)
+                    for kk in cutlass.range(n_sel, unroll=1):
+                        j = mIdx[i_b, i_h, i_q, kk]
+                        if j >= 0:
+                            h = kv_prod.acquire_and_advance()
+                            cute.copy(tma_k, tKg[(None, j, 0, hb)], tKs[(None, c * S + h.index)],
+                                      tma_bar_ptr=h.barrier)
+                            h = kv_prod.acquire_and_advance()
+                            cute.copy(tma_v, tVg[(None, 0, j, hb)], tVs[(None, c * S + h.index)],
+                                      tma_bar_ptr=h.barrier)
             if warp == 2:
                 if n_vt > 0:
                     vp_prod, _ = vp_pipe.make_participants()
                     tKbs, tKbg = self._tma_part(tma_kb, sKp, gKbt, BS, self.d)
                     tVms, tVmg = self._tma_part(tma_vm, sVp, gVmt, self.d, BS)
                     tHs, tHg = self._tma_part(tma_h, sVp, gHt, self.d, BS)
-                    for w in cutlass.range(w0, w1, unroll=1):
-                        _, i_h, i_b = self._item(w, n_pairs, n_heads)
-                        hb = (i_h, i_b)
-                        for t in cutlass.range(n_vt, unroll=1):
-                            h = vp_prod.acquire_and_advance()
-                            cute.copy(tma_kb, tKbg[(None, t, 0, hb)], tKbs[(None, h.index)],
-                                      tma_bar_ptr=h.barrier)
-                            h = vp_prod.acquire_and_advance()
-                            cute.copy(tma_vm, tVmg[(None, 0, t, hb)], tVms[(None, h.index)],
-                                      tma_bar_ptr=h.barrier)
-                        for t in cutlass.range_constexpr(self.d // BS):
-                            h = vp_prod.acquire_and_advance()
-                            cute.copy(tma_h, tHg[(None, 0, t, hb)], tHs[(None, h.index)], tma_bar_ptr=h.barrier)
+                    for t in cutlass.range(n_vt, unroll=1):
+                        h = vp_prod.acquire_and_advance()
+                        cute.copy(tma_kb, tKbg[(None, t, 0, hb)], tKbs[(None, h.index)], tma_bar_ptr=h.barrier)
+                        h = vp_prod.acquire_and_advance()
+                        cute.copy(tma_vm, tVmg[(None, 0, t, hb)], tVms[(None, h.index)], tma_bar_ptr=h.barrier)
+                    for t in cutlass.range_constexpr(self.d // BS):
+                        h = vp_prod.acquire_and_advance()
+                        cute.copy(tma_h, tHg[(None, 0, t, hb)], tHs[(None, h.index)], tma_bar_ptr=h.barrier)
         else:
             cute.arch.setmaxregister_increase(self.regs_consumer)
             c = wg - 1
             ctid = tidx - 128 * wg
+            i_own = 2 * i_p + c  # this warpgroup's query block; past the end: the last one, not stored
+            i_q = cutlass.Int32(i_own)
+            if i_q >= n_kv:
+                i_q = n_kv - 1
             _, q_cons = _pipe_view(q_pipes[0], 2 * c).make_participants()
             _, kv_cons = _pipe_view(kv_pipes[0], 2 * S * c).make_participants()
             _, vp_cons = vp_pipe.make_participants()
@@ -253,6 +231,7 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
             tSrKp = qk_thr.make_fragment_B(qk_thr.partition_B(sKp))
             tOrVp = pv_thr.make_fragment_B(pv_thr.partition_B(sVp))
             acc_o = pv_thr.make_fragment_C(pv_thr.partition_shape_C(self.pv_tiler[:2]))
+            acc_o.fill(0.0)
             s_shape = qk_thr.partition_shape_C(self.qk_tiler[:2])
             tScS = qk_thr.partition_C(cute.make_identity_tensor(self.qk_tiler[:2]))
             tOcO = pv_thr.partition_C(cute.make_identity_tensor(self.pv_tiler[:2]))
@@ -260,157 +239,149 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
             row_max = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
             row_sum = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
             row_g = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
+            for r in cutlass.range_constexpr(n_rows):
+                row_max[r] = -cutlass.Float32.inf
+                row_sum[r] = 0.0
+                row_g[r] = 0.0
+
+            q_cons.wait_and_advance()
             sQi = cute.make_rmem_tensor(tSsQ[(None, None, None, 0)].shape, mO.element_type)
+            cute.autovec_copy(tSsQ[(None, None, None, c)], sQi)
             rem = T - (n_kv - 1) * BS
-            n_last = cutlass.Float32(rem)
             alpha = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
             acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
             tOrP = cute.make_rmem_tensor(pv_thr.partition_shape_A(self.pv_tiler[::2]), mO.element_type)
+            # the list length and the partial last block's position, as in fwd.py
+            lane = cute.arch.lane_idx()
+            n_valid = cutlass.Int32(0)
+            kk_tail = cutlass.Int32(-1)
+            for cc in cutlass.range(0, n_sel, 32, unroll=1):
+                jv = cutlass.Int32(-1)
+                if cc + lane < n_sel:
+                    jv = mIdx[i_b, i_h, i_q, cc + lane]
+                n_valid = n_valid + cute.arch.popc(cute.arch.vote_ballot_sync(jv >= 0))
+                tb = cute.arch.vote_ballot_sync(jv == n_kv - 1)
+                if tb != 0:
+                    kk_tail = cc + 31 - cutlass.Int32(cute.arch.clz(tb))
+            if rem >= BS:
+                kk_tail = cutlass.Int32(-1)
+            n_last = cutlass.Float32(rem)
+            n_tiles = n_valid + n_vt
             n_cols = cute.size(acc_s) // n_rows
             bias = cute.make_rmem_tensor(cute.make_layout(n_cols), cutlass.Float32)
             cnt = cute.make_rmem_tensor(cute.make_layout(n_cols), cutlass.Float32)
             bias_h = cute.make_rmem_tensor(cute.make_layout(n_cols), mVB.element_type)  # fetched, not converted
             for cc in cutlass.range_constexpr(n_cols):
                 bias_h[cc] = cutlass.Float32(0.0).to(mVB.element_type)
-            qh_thr = qh_mma.get_slice(ctid)
-            tHrH = qh_thr.make_fragment_B(qh_thr.partition_B(sVp))
-            acc_h = qh_thr.make_fragment_C(qh_thr.partition_shape_C(self.pv_tiler[:2]))
-            n_kb = cute.size(tHrH, mode=[2])
-            lane = cute.arch.lane_idx()
-            for w in cutlass.range(w0, w1, unroll=1):
-                i_p, i_h, i_b = self._item(w, n_pairs, n_heads)
-                hb = (i_h, i_b)
-                i_own = 2 * i_p + c  # this warpgroup's query block; past the end: the last one, not stored
-                i_q = cutlass.Int32(i_own)
-                if i_q >= n_kv:
-                    i_q = n_kv - 1
-                acc_o.fill(0.0)
-                for r in cutlass.range_constexpr(n_rows):
-                    row_max[r] = -cutlass.Float32.inf
-                    row_sum[r] = 0.0
-                    row_g[r] = 0.0
-                qh = q_cons.wait_and_advance()
-                cute.autovec_copy(tSsQ[(None, None, None, c)], sQi)
-                qh.release()  # the query tile lives in registers from here on
-                # the list length and the partial last block's position, as in fwd.py
-                n_valid = cutlass.Int32(0)
-                kk_tail = cutlass.Int32(-1)
-                for cc in cutlass.range(0, n_sel, 32, unroll=1):
-                    jv = cutlass.Int32(-1)
-                    if cc + lane < n_sel:
-                        jv = mIdx[i_b, i_h, i_q, cc + lane]
-                    n_valid = n_valid + cute.arch.popc(cute.arch.vote_ballot_sync(jv >= 0))
-                    tb = cute.arch.vote_ballot_sync(jv == n_kv - 1)
-                    if tb != 0:
-                        kk_tail = cc + 31 - cutlass.Int32(cute.arch.clz(tb))
-                if rem >= BS:
-                    kk_tail = cutlass.Int32(-1)
-                n_tiles = n_valid + n_vt
-                vrow = mVB[i_b, i_h, i_q, None]  # this query block's bias row
-                if n_vt > 0:  # virtual tile 0's bias, in flight through the exact loop
-                    self._bias_fetch(bias_h, vrow, tScS, 0, n_kv)
-                # fwd.py's software-pipelined loop, split where the tiles change pipelines: exact tiles (own
-                # stages), the boundary step (V of the last exact tile, the first k-bar tile), virtual tiles
-                # (shared stages), the last P V
-                if n_tiles > 0:
-                    if n_valid > 0:
-                        kh0 = kv_cons.wait_and_advance()
-                        self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, koff + kh0.index)])
-                        warpgroup.wait_group(0)
-                        kh0.release()
-                    else:
+            vrow = mVB[i_b, i_h, i_q, None]  # this query block's bias row
+            if n_vt > 0:  # virtual tile 0's bias, in flight through the exact loop
+                self._bias_fetch(bias_h, vrow, tScS, 0, n_kv)
+            # fwd.py's software-pipelined loop, split where the tiles change pipelines: exact tiles (own
+            # stages), the boundary step (V of the last exact tile, the first k-bar tile), virtual tiles
+            # (shared stages), the last P V
+            if n_tiles > 0:
+                if n_valid > 0:
+                    kh0 = kv_cons.wait_and_advance()
+                    self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, koff + kh0.index)])
+                    warpgroup.wait_group(0)
+                    kh0.release()
+                else:
+                    self._bias_use(bias, cnt, bias_h, tScS, 0, n_kv, n_last)
+                    if 1 < n_vt:
+                        self._bias_fetch(bias_h, vrow, tScS, 1, n_kv)
+                    kp0 = vp_cons.wait_and_advance()
+                    self._issue_ss(qk_mma, acc_s, sQi, tSrKp[(None, None, None, kp0.index)])
+                    warpgroup.wait_group(0)
+                    kp0.release()
+                self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
+                                   n_valid == 0, kk_tail == 0, rem, True)
+                self._to_p(acc_s, tOrP)
+                for u in cutlass.range(1, n_valid, unroll=1):
+                    vh = kv_cons.wait_and_advance()
+                    kh = kv_cons.wait_and_advance()
+                    self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, koff + kh.index)])
+                    self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, koff + vh.index)])
+                    warpgroup.wait_group(1)
+                    kh.release()
+                    self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
+                                       False, kk_tail == u, rem, False)
+                    warpgroup.wait_group(0)
+                    vh.release()
+                    self._rescale_o(acc_o, alpha)
+                    self._to_p(acc_s, tOrP)
+                if n_vt > 0:
+                    if n_valid > 0:  # step n_valid: V of the last exact tile, the first k-bar tile
+                        vh = kv_cons.wait_and_advance()
+                        kh = vp_cons.wait_and_advance()
+                        self._issue_ss(qk_mma, acc_s, sQi, tSrKp[(None, None, None, kh.index)])
+                        self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, koff + vh.index)])
                         self._bias_use(bias, cnt, bias_h, tScS, 0, n_kv, n_last)
                         if 1 < n_vt:
                             self._bias_fetch(bias_h, vrow, tScS, 1, n_kv)
-                        kp0 = vp_cons.wait_and_advance()
-                        self._issue_ss(qk_mma, acc_s, sQi, tSrKp[(None, None, None, kp0.index)])
-                        warpgroup.wait_group(0)
-                        kp0.release()
-                    self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
-                                       n_valid == 0, kk_tail == 0, rem, True)
-                    self._to_p(acc_s, tOrP)
-                    for u in cutlass.range(1, n_valid, unroll=1):
-                        vh = kv_cons.wait_and_advance()
-                        kh = kv_cons.wait_and_advance()
-                        self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, koff + kh.index)])
-                        self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, koff + vh.index)])
                         warpgroup.wait_group(1)
                         kh.release()
-                        self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
-                                           False, kk_tail == u, rem, False)
+                        self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt,
+                                           tScS, self.probe != "asexact", False, rem, False)
                         warpgroup.wait_group(0)
                         vh.release()
                         self._rescale_o(acc_o, alpha)
                         self._to_p(acc_s, tOrP)
-                    if n_vt > 0:
-                        if n_valid > 0:  # step n_valid: V of the last exact tile, the first k-bar tile
-                            vh = kv_cons.wait_and_advance()
-                            kh = vp_cons.wait_and_advance()
-                            self._issue_ss(qk_mma, acc_s, sQi, tSrKp[(None, None, None, kh.index)])
-                            self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, koff + vh.index)])
-                            self._bias_use(bias, cnt, bias_h, tScS, 0, n_kv, n_last)
-                            if 1 < n_vt:
-                                self._bias_fetch(bias_h, vrow, tScS, 1, n_kv)
-                            warpgroup.wait_group(1)
-                            kh.release()
-                            self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt,
-                                               tScS, self.probe != "asexact", False, rem, False)
-                            warpgroup.wait_group(0)
-                            vh.release()
-                            self._rescale_o(acc_o, alpha)
-                            self._to_p(acc_s, tOrP)
-                        for u in cutlass.range(n_valid + 1, n_tiles, unroll=1):
-                            vh = vp_cons.wait_and_advance()
-                            kh = vp_cons.wait_and_advance()
-                            self._issue_ss(qk_mma, acc_s, sQi, tSrKp[(None, None, None, kh.index)])
-                            self._issue_rs(pv_mma, acc_o, tOrP, tOrVp[(None, None, None, vh.index)])
-                            tv = u - n_valid
-                            self._bias_use(bias, cnt, bias_h, tScS, tv, n_kv, n_last)
-                            if tv + 1 < n_vt:
-                                self._bias_fetch(bias_h, vrow, tScS, tv + 1, n_kv)
-                            warpgroup.wait_group(1)
-                            kh.release()
-                            self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt,
-                                               tScS, self.probe != "asexact", False, rem, False)
-                            warpgroup.wait_group(0)
-                            vh.release()
-                            self._rescale_o(acc_o, alpha)
-                            self._to_p(acc_s, tOrP)
-                        vhl = vp_cons.wait_and_advance()
-                        self._issue_rs(pv_mma, acc_o, tOrP, tOrVp[(None, None, None, vhl.index)])
+                    for u in cutlass.range(n_valid + 1, n_tiles, unroll=1):
+                        vh = vp_cons.wait_and_advance()
+                        kh = vp_cons.wait_and_advance()
+                        self._issue_ss(qk_mma, acc_s, sQi, tSrKp[(None, None, None, kh.index)])
+                        self._issue_rs(pv_mma, acc_o, tOrP, tOrVp[(None, None, None, vh.index)])
+                        t = u - n_valid
+                        self._bias_use(bias, cnt, bias_h, tScS, t, n_kv, n_last)
+                        if t + 1 < n_vt:
+                            self._bias_fetch(bias_h, vrow, tScS, t + 1, n_kv)
+                        warpgroup.wait_group(1)
+                        kh.release()
+                        self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt,
+                                           tScS, self.probe != "asexact", False, rem, False)
                         warpgroup.wait_group(0)
-                        vhl.release()
-                    else:
-                        vhl = kv_cons.wait_and_advance()
-                        self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, koff + vhl.index)])
-                        warpgroup.wait_group(0)
-                        vhl.release()
-                if n_vt > 0:
-                    # first-order term: acc += s (q H-bar) * g (fwd.py), H-bar from the shared stages
-                    hhs = []
+                        vh.release()
+                        self._rescale_o(acc_o, alpha)
+                        self._to_p(acc_s, tOrP)
+                    vhl = vp_cons.wait_and_advance()
+                    self._issue_rs(pv_mma, acc_o, tOrP, tOrVp[(None, None, None, vhl.index)])
+                    warpgroup.wait_group(0)
+                    vhl.release()
+                else:
+                    vhl = kv_cons.wait_and_advance()
+                    self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, koff + vhl.index)])
+                    warpgroup.wait_group(0)
+                    vhl.release()
+            if n_vt > 0:
+                # first-order term: acc += s (q H-bar) * g (fwd.py), H-bar from the shared stages
+                qh_thr = qh_mma.get_slice(ctid)
+                tHrQ = qh_thr.make_fragment_A(qh_thr.partition_A(sQ))[(None, None, None, c)]
+                tHrH = qh_thr.make_fragment_B(qh_thr.partition_B(sVp))
+                acc_h = qh_thr.make_fragment_C(qh_thr.partition_shape_C(self.pv_tiler[:2]))
+                n_kb = cute.size(tHrH, mode=[2])
+                hhs = []
+                for t in cutlass.range_constexpr(self.d // BS):
+                    hhs.append(vp_cons.wait_and_advance())
+                acc_h.fill(0.0)
+                if cutlass.const_expr(self.probe != "nohbar"):
+                    warpgroup.fence()
                     for t in cutlass.range_constexpr(self.d // BS):
-                        hhs.append(vp_cons.wait_and_advance())
-                    acc_h.fill(0.0)
-                    if cutlass.const_expr(self.probe != "nohbar"):
-                        warpgroup.fence()
-                        for t in cutlass.range_constexpr(self.d // BS):
-                            for kb in cutlass.range_constexpr(n_kb):
-                                cute.gemm(qh_mma, acc_h, sQi[(None, None, t * n_kb + kb)],
-                                          tHrH[(None, None, kb, hhs[t].index)], acc_h)
-                        warpgroup.commit_group()
-                        warpgroup.wait_group(0)
-                    for t in cutlass.range_constexpr(self.d // BS):
-                        hhs[t].release()
-                    for r in cutlass.range_constexpr(n_rows):
-                        row_g[r] = self._quad_sum(row_g[r])
-                    for e in cutlass.range_constexpr(cute.size(acc_o)):
-                        acc_o[e] = acc_o[e] + acc_h[e] * (scale * row_g[self._row_slot_e(e)])
+                        for kb in cutlass.range_constexpr(n_kb):
+                            cute.gemm(qh_mma, acc_h, tHrQ[(None, None, t * n_kb + kb)],
+                                      tHrH[(None, None, kb, hhs[t].index)], acc_h)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(0)
+                for t in cutlass.range_constexpr(self.d // BS):
+                    hhs[t].release()
                 for r in cutlass.range_constexpr(n_rows):
-                    row_sum[r] = self._quad_sum(row_sum[r])
-                if i_own < n_kv:
-                    for e in cutlass.range_constexpr(cute.size(acc_o)):
-                        t_row = i_q * BS + tOcO[e][0]
-                        if t_row < T:
-                            mO[t_row, tOcO[e][1], hb] = (
-                                acc_o[e] / row_sum[self._row_slot_e(e)]).to(mO.element_type)
+                    row_g[r] = self._quad_sum(row_g[r])
+                for e in cutlass.range_constexpr(cute.size(acc_o)):
+                    acc_o[e] = acc_o[e] + acc_h[e] * (scale * row_g[self._row_slot_e(e)])
+            for r in cutlass.range_constexpr(n_rows):
+                row_sum[r] = self._quad_sum(row_sum[r])
+            if i_own < n_kv:
+                for e in cutlass.range_constexpr(cute.size(acc_o)):
+                    t_row = i_q * BS + tOcO[e][0]
+                    if t_row < T:
+                        mO[t_row, tOcO[e][1], hb] = (acc_o[e] / row_sum[self._row_slot_e(e)]).to(mO.element_type)
         return
