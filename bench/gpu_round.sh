@@ -6,8 +6,9 @@
 #   call D: carry [".carry/old"]                      command: bash bench/gpu_round.sh D
 #   call E: carry [".carry/comfy"]                    command: bash bench/gpu_round.sh E
 # session 6's round, after A-E: F (carry [".carry/cs_a"]), G (carry [".carry/cs_b"]), E; P (no carry, after A and B):
-# Nsight Compute on the CuTe attention, drop vs pwt. Session 7: H (carry [".carry/cs_a"]), I (carry [".carry/cs_b"]),
-# then G and E with I's pick of the pair build.
+# Nsight Compute on the CuTe attention, drop vs pwt. Session 7: H (carry [".carry/cs_a"]), I / J (carry
+# [".carry/cs_b"]), L (pieces), E. Next: a stash call (carry [".carry/cs_a"], command `. bench/install_cute_site.sh`),
+# then M (carry [".carry/cs_b"]: the folded bias rows), L (no carry needed once the site is unpacked), E.
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
 # times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
@@ -206,6 +207,24 @@ J)  # session 7, after a call that stashed .carry/cs_a (carry .carry/cs_b): the 
     log "cute_pair $(tail -1 "$OUT/cute_pair.txt" | cut -c1-300)"
     timeout 200 python bench/probes/cute_pair.py --split > "$OUT/cute_pair_split.txt" 2>&1
     log "cute_pair --split rc=$?"
+    ;;
+M)  # next session (carry .carry/cs_b after a call that stashed .carry/cs_a): the folded bias rows of the pair kernel
+    # (PSA_CUTE_FOLD_BIAS) - its tests, the probe, and the pick L then runs with
+    python -c "import cutlass" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    run_tests pair 240 tests/test_cute_pair_gpu.py
+    timeout 200 python bench/probes/cute_pair.py --fold > "$OUT/cute_pair_fold.txt" 2>&1
+    FOLD=$(python - "$OUT/cute_pair_fold.txt" <<'PYEOF'
+import json, sys
+lines = [ln for ln in open(sys.argv[1]) if ln.startswith("RESULT ")]
+r = json.loads(lines[0][7:]) if lines else {}
+ok = r and all(d.get(f"pwt_p3fold_r{i}_ms", 1e9) < d[f"pwt_p3_r{i}_ms"] and d.get("p3fold_maxdiff_vs_one", 1) <= 3e-2
+               for d in r.values() for i in range(2))
+print(int(bool(ok)))
+PYEOF
+)
+    if grep -qE "failed|error" "$OUT/tests_pair.log" || ! grep -q "passed" "$OUT/tests_pair.log"; then FOLD=0; fi
+    log "fold decision: PSA_CUTE_FOLD_BIAS=$FOLD ($(tail -1 "$OUT/cute_pair_fold.txt" | cut -c1-1200))"
+    echo "export PSA_CUTE_FOLD_BIAS=$FOLD" > "$STASH/pair_env"
     ;;
 L)  # every piece at 480p, 720p and FLUX.1 with the session-7 defaults, both backends, Morton, FLUX as
     # the node calls it

@@ -41,21 +41,31 @@ hb = torch.zeros(B, H, D, D, dtype=torch.bfloat16)
 vb = torch.zeros(B, H, n, n, dtype=torch.float16)
 idx = torch.zeros(B, H, n, 4, dtype=torch.int32)
 perm = torch.zeros(T, dtype=torch.int32)
+vbf = torch.zeros(B, H, n, 64, dtype=torch.float32)  # the folded bias rows of the pair build (fwd_pair.fold_bias)
+builds = []  # (family, kernel factory, bias rows, register bound: 65536 / threads per SM)
 for approx, q_rs, l2, pf, op in ((False, False, False, False, False), (True, False, False, False, False),
                                  (False, True, False, False, False), (True, True, False, False, False),
                                  (True, True, True, False, False), (True, True, False, True, False),
                                  (True, True, True, True, False), (True, True, False, False, True),
                                  (False, True, False, False, True)):
+    name = (("pisa/pwt" if approx else "drop") + (" q_rs" if q_rs else "") + (" bias_l2" if l2 else "")
+            + (" bias_pf" if pf else "") + (" out_perm" if op else ""))
+    builds.append((name, lambda a=(approx, 5, D, q_rs, l2, pf, op): F.PiecewiseSparseFwdSm90(*a), vb, 128))
+for fold in (False, True):  # two query blocks per CTA: 384 threads, one CTA per SM -> 168 registers at launch
+    builds.append(("pisa/pwt pair" + (" fold" if fold else ""),
+                   lambda fold=fold: __import__("kernels.cute.fwd_pair", fromlist=["x"]).PairFwdSm90(4, 3, D, "", fold),
+                   vbf if fold else vb, 168))
+for name, make, vbias, reg_bound in builds:
     for f in os.listdir(dump):
         os.remove(os.path.join(dump, f))
     args = [F._cute(t) for t in (x, x, x, x, kb, kb, hb)]
-    args += [F.from_dlpack(vb, assumed_align=2).mark_layout_dynamic(leading_dim=3),
-              F.from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3),
-              F.from_dlpack(perm, assumed_align=4).mark_layout_dynamic(leading_dim=0)]
+    args += [F.from_dlpack(vbias, assumed_align=vbias.element_size()).mark_layout_dynamic(leading_dim=3),
+             F.from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3),
+             F.from_dlpack(perm, assumed_align=4).mark_layout_dynamic(leading_dim=0)]
     scal = [cutlass.Int32(1), cutlass.Float32(0.1), cutlass.Float32(0.1)]
     t0 = time.perf_counter()
-    fn = F.cute.compile(F.PiecewiseSparseFwdSm90(approx, 5, D, q_rs, l2, pf, op), *args, *scal, cuda.CUstream(0))
-    rec = {"compiled": fn is not None, "seconds": round(time.perf_counter() - t0, 2)}
+    fn = F.cute.compile(make(), *args, *scal, cuda.CUstream(0))
+    rec = {"compiled": fn is not None, "seconds": round(time.perf_counter() - t0, 2), "register_bound": reg_bound}
     ptx = [f for f in os.listdir(dump) if f.endswith(".ptx")]
     ptxas = shutil.which("ptxas")
     if ptx and ptxas:
@@ -69,7 +79,6 @@ for approx, q_rs, l2, pf, op in ((False, False, False, False, False), (True, Fal
         rec["registers"] = int(m.group(1)) if m else None
         rec["spill_bytes"] = (int(s.group(1)) + int(s.group(2))) if s else None
         rec["stack_bytes"] = int(f.group(1)) if f else None
-    out[("pisa/pwt" if approx else "drop") + (" q_rs" if q_rs else "") + (" bias_l2" if l2 else "")
-        + (" bias_pf" if pf else "") + (" out_perm" if op else "")] = rec
+    out[name] = rec
 shutil.rmtree(dump, ignore_errors=True)
 print("RESULTS_JSON " + json.dumps(out), flush=True)

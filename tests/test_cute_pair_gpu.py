@@ -106,3 +106,34 @@ def test_pair_own_routing_and_dit_like(monkeypatch):
     monkeypatch.setenv("PSA_CUTE_PAIR", "1")
     assert rel(kc.forward(q, k, v, cfg), kt.forward(q, k, v, cfg)) <= 2e-3
 
+
+
+FOLD_TOL = 2e-3  # folded vs plain bias rows: exp2 of a sum instead of a product (rounding), bf16 P then rounds apart
+
+
+def _fold_check(q, k, v, cfg, monkeypatch, ref_tol=REF_TOL):
+    r, ref = float64_reference(q, k, v, cfg)
+    monkeypatch.setenv("PSA_CUTE_FOLD_BIAS", "0")
+    plain = _run(q, k, v, cfg, r, monkeypatch, True)
+    monkeypatch.setenv("PSA_CUTE_FOLD_BIAS", "1")
+    folded = _run(q, k, v, cfg, r, monkeypatch, True)
+    assert torch.isfinite(folded).all()
+    assert rel(folded, plain) <= FOLD_TOL, f"folded vs plain bias rows: rel L2 {rel(folded, plain):.2e}"
+    assert rel(folded, ref) <= ref_tol, f"folded vs float64 reference: rel L2 {rel(folded, ref):.2e}"
+
+
+# the partial last block (its count and first-order weight fixed in the tile holding it): T 1000 / 936 / 100 end
+# 40 / 40 / 36 tokens into a block, T 4033 one token, T 4096 none; T 100 has a single virtual tile
+@pytest.mark.parametrize("variant", ["pwt", "pisa"])
+@pytest.mark.parametrize("shape", [(1, 2, 1000, 128), (1, 2, 936, 128), (2, 2, 4033, 128), (1, 2, 4096, 128),
+                                   (1, 2, 100, 128)], ids=lambda s: "B{}_H{}_T{}_D{}".format(*s))
+def test_pair_folded_bias_rows(variant, shape, monkeypatch):
+    q, k, v = (rnd(shape, seed=100 + s) for s in range(3))
+    _fold_check(q, k, v, cfg_of(128, 0.125, variant), monkeypatch)
+
+
+def test_pair_folded_bias_rows_band_zero_sinks_and_large_logits(monkeypatch):
+    q, k, v = (rnd((2, 2, 4033, 128), seed=105 + s) for s in range(3))
+    _fold_check(q, k, v, cfg_of(128, 0.2, "pwt", band=0, sinks=1), monkeypatch)
+    q, k, v = (rnd((1, 2, 1000, 128), seed=108 + s) for s in range(3))
+    _fold_check((q.float() * 30).to(torch.bfloat16), k, v, cfg_of(128, 0.125, "pwt"), monkeypatch, ref_tol=1e-2)

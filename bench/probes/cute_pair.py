@@ -6,9 +6,11 @@ once, so virtual = pwt - drop per build; each build's largest difference from th
 operations per query block: ~0 expected). Prints one line `RESULT {...}`; bench/gpu_round.sh I picks from it.
 --split: the one-block and pair (3 shared stages) builds with pieces of the virtual work removed (timing probes of
 fwd_pair.py / fwd.attention(probe=): no virtual tiles, no bias loads, virtual tiles through the exact softmax, no
-first-order GEMM), for where the virtual tiles' time goes (their outputs are wrong by design).
+first-order GEMM), for where the virtual tiles' time goes (their outputs are wrong by design). --fold: the pair
+build on folded bias rows (fwd_pair.fold_bias, its torch pass included in the time) against the plain rows and
+against no bias at all (nobias: what folding can save at most).
 
-    python bench/probes/cute_pair.py [--split]"""
+    python bench/probes/cute_pair.py [--split | --fold]"""
 import json
 import sys
 
@@ -26,6 +28,9 @@ if "--split" in sys.argv:  # where the virtual tiles' time goes: pieces removed 
     BUILDS = {"one": (False, 4, 0), "one_novt": (False, 4, 0, "novt"), "p3": (True, 4, 3),
               "p3_novt": (True, 4, 3, "novt"), "p3_nobias": (True, 4, 3, "nobias"),
               "p3_asexact": (True, 4, 3, "asexact"), "p3_nohbar": (True, 4, 3, "nohbar")}
+if "--fold" in sys.argv:  # the folded bias rows (PSA_CUTE_FOLD_BIAS, fwd_pair.fold_bias; its torch pass included)
+    BUILDS = {"one": (False, 4, 0), "p3": (True, 4, 3), "p3fold": (True, 4, 3, "", True),
+              "p4fold": (True, 4, 4, "", True), "p3_nobias": (True, 4, 3, "nobias")}
 res = {}
 for name, T in (("wan14", 32760), ("wan14_720", 75600)):
     q, k, v = (torch.randn(1, 40, T, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -40,10 +45,10 @@ for name, T in (("wan14", 32760), ("wan14_720", 75600)):
 
     def call(b):
         import os
-        pair, kv, vt, probe = (BUILDS[b] + ("",))[:4]
+        pair, kv, vt, probe, fold = (BUILDS[b] + ("", False))[:5]
         if vt:
             os.environ["PSA_CUTE_VT_STAGES"] = str(vt)
-        CF.attention(q, k, v, outs[b], st, idx, vb, cp, kv_stages=kv, pair=pair, probe=probe)
+        CF.attention(q, k, v, outs[b], st, idx, vb, cp, kv_stages=kv, pair=pair, probe=probe, fold=fold)
 
     for r in range(2):
         for b in BUILDS:

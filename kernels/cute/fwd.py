@@ -96,6 +96,10 @@ OUT_PERM = False
 # ms vs 38.46 / 37.04 for this kernel, 480p (512 blocks) 6.83 / 7.04 vs 6.87 / 7.28. Smaller problems (FLUX.1,
 # 72 blocks) were not measured with it and keep this kernel
 PAIR_MIN_BLOCKS = 512
+# the pair build's bias rows folded beforehand (fwd_pair.fold_bias: log2 units, token counts, padding; the kernel
+# then loads float32 values and skips the per-column conversion, compares and count multiply that the timing probes
+# put at 0.18 ms of 480p and 0.92 ms of 720p). PSA_CUTE_FOLD_BIAS=1/0 overrides. Not yet run on a GPU: off
+FOLD_BIAS = False
 PAIR_VT_STAGES = 3  # its shared virtual-tile stages (cute_pair.py, session 7: 3 fastest at 720p, 2-4 equal at 480p)
 
 
@@ -508,7 +512,7 @@ def out_perm_enabled() -> bool:
 
 def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None, q_rs: bool | None = None,
               bias_l2: bool | None = None, bias_pf: bool | None = None, perm: torch.Tensor | None = None,
-              pair: bool | None = None, probe: str = ""):
+              pair: bool | None = None, probe: str = "", fold: bool | None = None):
     """Fused forward on [B, HC, T, D] bf16 views (unit last stride, 16-byte aligned strides); same
     arguments and meaning as kernels.triton.fwd.attention, except that `perm` (int32 [T], the full Morton
     order: kernels.reorder.full_order) only moves the output rows (q, k, v are read in block order): row t of
@@ -545,9 +549,16 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
         n_vt, probe = 0, ("novt" if not pair else "")
     elif probe and not pair:
         raise ValueError("cute backend: timing probes run on the pair build only")
-    key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm, vt_stages, probe)
+    if fold is None:
+        fold = not probe and _env_flag("PSA_CUTE_FOLD_BIAS", FOLD_BIAS)
+    fold = pair and bool(fold) and n_vt > 0  # no virtual tiles: no bias read, the plain build
+    if fold:
+        from .fwd_pair import fold_bias
+
+        vb = fold_bias(vbias, T - (n - 1) * BS, n_vt * BS)
+    key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm, vt_stages, probe, fold)
     args = [_cute(x) for x in (q, k, v, out, kb, vm, hb)]
-    args += [from_dlpack(vb.detach(), assumed_align=2).mark_layout_dynamic(leading_dim=3),
+    args += [from_dlpack(vb.detach(), assumed_align=vb.element_size()).mark_layout_dynamic(leading_dim=3),
              from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3),
              from_dlpack(perm if out_perm else _perm_placeholder(q.device), assumed_align=4).mark_layout_dynamic(
                  leading_dim=0)]
@@ -562,7 +573,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
                 if pair:
                     from .fwd_pair import PairFwdSm90
 
-                    kern = PairFwdSm90(stages, vt_stages, D, probe)
+                    kern = PairFwdSm90(stages, vt_stages, D, probe, fold)
                 else:
                     kern = PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2, bias_pf, out_perm)
                 fn = cute.compile(kern, *args, *scal, stream)

@@ -58,9 +58,13 @@ def _pipe_view(pipe, off):
 class PairFwdSm90(PiecewiseSparseFwdSm90):
     """pisa / pwt only; compile-time configuration: exact stages per consumer, shared virtual stages."""
 
-    def __init__(self, kv_stages: int = KV_STAGES, vt_stages: int = VT_STAGES, head_dim: int = 128, probe: str = ""):
+    def __init__(self, kv_stages: int = KV_STAGES, vt_stages: int = VT_STAGES, head_dim: int = 128, probe: str = "",
+                 fold: bool = False):
         super().__init__(True, kv_stages, head_dim, q_rs=True)
         self.vt_stages = vt_stages
+        # the bias rows come folded (fold_bias: float32, log2 units, log2 of the token counts added, -inf padding
+        # to whole tiles): a virtual tile's bias is loaded and used as it is, P needs no count multiply
+        self.fold = fold
         # timing probes only (bench/probes/cute_pair.py --split; wrong outputs): "nobias" (virtual tiles without
         # their bias / count loads), "asexact" (virtual tiles through the exact tiles' softmax, no bias),
         # "nohbar" (the first-order GEMM skipped, its tiles still waited for)
@@ -103,7 +107,10 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
         """Issue the raw float16 loads of virtual tile t's bias (one per column slot): converted one step later
         by _bias_use, so they stay in flight through a whole tile step instead of one S GEMM (what the bias loads
         cost fwd.py: 0.29 ms at 480p, 1.16 ms at 720p, bench/probes/cute_pair.py --split)."""
-        if cutlass.const_expr(self.probe not in ("nobias", "asexact")):
+        if cutlass.const_expr(self.fold):  # padded to whole tiles: every address is in the row
+            for c in cutlass.range_constexpr(cute.size(bias_h)):
+                bias_h[c] = vrow[t * BS + tScS[(c % 2) + 4 * (c // 2)][1]]
+        elif cutlass.const_expr(self.probe not in ("nobias", "asexact")):
             # past the end: the last block's value (a valid address, no branch), replaced by -inf in _bias_use
             for c in cutlass.range_constexpr(cute.size(bias_h)):
                 bias_h[c] = vrow[cutlass.min(t * BS + tScS[(c % 2) + 4 * (c // 2)][1], n_kv - 1)]
@@ -111,20 +118,35 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
     @cute.jit
     def _bias_use(self, bias, cnt, bias_h, tScS, t, n_kv, n_last):
         """tile_ops._load_bias's values from the fetched registers: the bias in log2 units (-inf past the end;
-        an exact block's -inf is in the row) and the block's real token count."""
-        for c in cutlass.range_constexpr(cute.size(bias)):
-            jj = t * BS + tScS[(c % 2) + 4 * (c // 2)][1]
-            b = -cutlass.Float32.inf
-            n = cutlass.Float32(BS)
-            if jj < n_kv:
-                if cutlass.const_expr(self.probe in ("nobias", "asexact")):
-                    b = cutlass.Float32(0.0)
-                else:
-                    b = bias_h[c].to(cutlass.Float32) * LOG2E
-                if jj == n_kv - 1:
-                    n = n_last
-            bias[c] = b
-            cnt[c] = n
+        an exact block's -inf is in the row) and the block's real token count; folded: the values as loaded."""
+        if cutlass.const_expr(self.fold):
+            for c in cutlass.range_constexpr(cute.size(bias)):
+                bias[c] = bias_h[c]
+        else:
+            for c in cutlass.range_constexpr(cute.size(bias)):
+                jj = t * BS + tScS[(c % 2) + 4 * (c // 2)][1]
+                b = -cutlass.Float32.inf
+                n = cutlass.Float32(BS)
+                if jj < n_kv:
+                    if cutlass.const_expr(self.probe in ("nobias", "asexact")):
+                        b = cutlass.Float32(0.0)
+                    else:
+                        b = bias_h[c].to(cutlass.Float32) * LOG2E
+                    if jj == n_kv - 1:
+                        n = n_last
+                bias[c] = b
+                cnt[c] = n
+
+    @cute.jit
+    def _g_fix(self, acc_s, row_g, tScS, t, n_kv, gfix):
+        """folded: virtual tile t's P carries each block's count, and the first-order weight gathers it divided by
+        64 at the end; the partial last block (n_last < 64 tokens) then gets P (64 / n_last - 1) more, added by
+        the thread holding that column (gfix = 64 / n_last - 1; 0 when the last block is full)."""
+        if cutlass.const_expr(self.fold):
+            if (n_kv - 1) // BS == t:
+                for e in cutlass.range_constexpr(cute.size(acc_s)):
+                    if t * BS + tScS[e][1] == n_kv - 1:
+                        row_g[self._row_slot_e(e)] = row_g[self._row_slot_e(e)] + acc_s[e] * gfix
 
     # ------------------------------------------------------------------ device side
     @cute.kernel
@@ -266,6 +288,7 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
             if rem >= BS:
                 kk_tail = cutlass.Int32(-1)
             n_last = cutlass.Float32(rem)
+            gfix = cutlass.Float32(BS) / n_last - 1.0
             n_tiles = n_valid + n_vt
             n_cols = cute.size(acc_s) // n_rows
             bias = cute.make_rmem_tensor(cute.make_layout(n_cols), cutlass.Float32)
@@ -294,7 +317,9 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
                     warpgroup.wait_group(0)
                     kp0.release()
                 self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
-                                   n_valid == 0, kk_tail == 0, rem, True)
+                                   n_valid == 0, kk_tail == 0, rem, True, self.fold)
+                if n_valid == 0:
+                    self._g_fix(acc_s, row_g, tScS, 0, n_kv, gfix)
                 self._to_p(acc_s, tOrP)
                 for u in cutlass.range(1, n_valid, unroll=1):
                     vh = kv_cons.wait_and_advance()
@@ -321,7 +346,8 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
                         warpgroup.wait_group(1)
                         kh.release()
                         self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt,
-                                           tScS, self.probe != "asexact", False, rem, False)
+                                           tScS, self.probe != "asexact", False, rem, False, self.fold)
+                        self._g_fix(acc_s, row_g, tScS, 0, n_kv, gfix)
                         warpgroup.wait_group(0)
                         vh.release()
                         self._rescale_o(acc_o, alpha)
@@ -331,14 +357,15 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
                         kh = vp_cons.wait_and_advance()
                         self._issue_ss(qk_mma, acc_s, sQi, tSrKp[(None, None, None, kh.index)])
                         self._issue_rs(pv_mma, acc_o, tOrP, tOrVp[(None, None, None, vh.index)])
-                        t = u - n_valid
-                        self._bias_use(bias, cnt, bias_h, tScS, t, n_kv, n_last)
-                        if t + 1 < n_vt:
-                            self._bias_fetch(bias_h, vrow, tScS, t + 1, n_kv)
+                        tv = u - n_valid
+                        self._bias_use(bias, cnt, bias_h, tScS, tv, n_kv, n_last)
+                        if tv + 1 < n_vt:
+                            self._bias_fetch(bias_h, vrow, tScS, tv + 1, n_kv)
                         warpgroup.wait_group(1)
                         kh.release()
                         self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt,
-                                           tScS, self.probe != "asexact", False, rem, False)
+                                           tScS, self.probe != "asexact", False, rem, False, self.fold)
+                        self._g_fix(acc_s, row_g, tScS, tv, n_kv, gfix)
                         warpgroup.wait_group(0)
                         vh.release()
                         self._rescale_o(acc_o, alpha)
@@ -373,10 +400,11 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
                     warpgroup.wait_group(0)
                 for t in cutlass.range_constexpr(self.d // BS):
                     hhs[t].release()
+                g_scale = scale * (1.0 / BS) if cutlass.const_expr(self.fold) else scale
                 for r in cutlass.range_constexpr(n_rows):
                     row_g[r] = self._quad_sum(row_g[r])
                 for e in cutlass.range_constexpr(cute.size(acc_o)):
-                    acc_o[e] = acc_o[e] + acc_h[e] * (scale * row_g[self._row_slot_e(e)])
+                    acc_o[e] = acc_o[e] + acc_h[e] * (g_scale * row_g[self._row_slot_e(e)])
             for r in cutlass.range_constexpr(n_rows):
                 row_sum[r] = self._quad_sum(row_sum[r])
             if i_own < n_kv:
@@ -385,3 +413,23 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
                     if t_row < T:
                         mO[t_row, tOcO[e][1], hb] = (acc_o[e] / row_sum[self._row_slot_e(e)]).to(mO.element_type)
         return
+
+
+def fold_bias(vbias, n_last: int, width: int):
+    """The bias rows the folded build reads: float32 [B, H, N, width] (width = the virtual tiles' columns, a
+    multiple of 64), vbias (float16, natural-log units, -inf for exact blocks) in log2 units plus log2 of each KV
+    block's token count (64, n_last for the last one), -inf past N. Three passes over the rows in torch
+    (0.02 ms of HBM traffic at Wan2.1-14B 480p, 0.1 ms at 720p)."""
+    import math
+
+    import torch
+
+    B, H, N, _ = vbias.shape
+    out = torch.empty(B, H, N, width, device=vbias.device, dtype=torch.float32)
+    out[..., N:].fill_(float("-inf"))
+    body = out[..., :N]
+    body.copy_(vbias)
+    body.mul_(1.4426950408889634).add_(math.log2(BS))
+    if n_last != BS:
+        body[..., N - 1].add_(math.log2(n_last) - math.log2(BS))
+    return out
