@@ -92,9 +92,10 @@ BIAS_PF = False
 OUT_PERM = False
 # pisa / pwt: two query blocks per CTA reading the virtual-token tiles once (fwd_pair.py) from PAIR_MIN_BLOCKS KV
 # blocks on (PSA_CUTE_PAIR=1/0 forces it on / off, PSA_CUTE_VT_STAGES its shared stages). H200, session 7
-# (bench/probes/cute_pair.py, attention alone, two rounds, pwt d 0.125): Wan2.1-14B 720p (1182 blocks) 35.65 / 35.97
-# ms vs 38.46 / 37.04 for this kernel, 480p (512 blocks) 6.83 / 7.04 vs 6.87 / 7.28. Smaller problems (FLUX.1,
-# 72 blocks) were not measured with it and keep this kernel
+# (bench/probes/cute_pair.py, attention alone, alternated with this kernel in one process, pwt d 0.125): faster in
+# every pairing of the kept build, Wan2.1-14B 480p (512 blocks) by 0.04-0.26 ms of ~7 (6.83 / 7.04 vs 6.87 / 7.28),
+# 720p (1182 blocks) by 0.7-2.8 ms of ~37 (35.65 / 35.97 vs 38.46 / 37.04); across separate runs (pieces.py runs 15
+# and 17) the attention times match within their spread. Smaller problems (FLUX.1, 72 blocks) keep this kernel
 PAIR_MIN_BLOCKS = 512
 # the pair build's bias rows folded beforehand (fwd_pair.fold_bias: log2 units, token counts, padding; the kernel
 # then loads float32 values and skips the per-column conversion, compares and count multiply that the timing probes

@@ -9,17 +9,37 @@ condition on the inputs. The exact tiles keep one pipeline per consumer, loaded 
 the exact part is the same per-query-block stream as fwd.py (each warpgroup's tiles are its own list; sharing
 common exact tiles is the next step on this structure).
 
-CTA = 3 warpgroups (384 threads, one per SM, ~224 KiB of shared memory at 4 + 4 stages):
+CTA = 3 warpgroups (384 threads, one per SM, 208 KiB of shared memory at 4 exact stages per consumer + 3 shared):
   * warpgroup 0 (24 registers): warp 0 loads Q and the routed K/V tiles of query block 2p, warp 1 those of
     block 2p + 1 (each into its consumer's pipeline), warp 2 the k-bar / value-mean tiles of every KV block and
     the two H-bar tiles into the shared pipeline (its empty barriers wait for all 8 consumer warps);
   * warpgroups 1 and 2 (240 registers): fwd.py's consumer (Q in registers, FlashAttention-3 style pipelined
     loop, the same per-tile softmax from tile_ops), reading exact tiles from their own stages and virtual ones
-    from the shared stages. An odd last query block is computed by both warpgroups and stored by one.
+    from the shared stages; a virtual tile's bias is fetched one tile step ahead (raw float16 registers,
+    converted when used). An odd last query block is computed by both warpgroups and stored by one.
 The two warpgroups replace fwd.py's two CTAs per SM, so the tensor-core / softmax overlap between two query
 blocks is kept. A warpgroup that reaches its virtual tiles early waits for the other one only when the
 shared pipeline is full (both lists have the routing budget's length, so their exact loops end together).
 Exact only (drop), the per-row Morton output permutation and the bias-load experiments stay in fwd.py.
+
+Measured on the H200 (2026-12-01, bench/probes/cute_pair.py, attention alone on precomputed routing, pwt d 0.125,
+random inputs, two rounds; raw output bench/results/cute_pair_s7_h200.txt):
+  * Wan2.1-14B 480p: 6.83 / 7.04 ms vs fwd.py's 6.87 / 7.28; 720p 35.65 / 35.97 vs 38.46 / 37.04 (alternated in
+    one process; between separate runs the attention times match within their spread, so the gain is a few %).
+    The virtual part (pwt - the same build without virtual tiles) 1.23 -> 0.80 ms at 480p, 7.0 -> 4.6 at 720p;
+    but the exact part runs 0.27 ms (480p) / 0.77 ms (720p) slower than fwd.py's at 2 CTAs per SM: at one CTA
+    per SM both warpgroups finish together and nothing covers the next CTA's start (the leading explanation,
+    not profiled).
+  * Where the virtual time goes (timing probes, `probe=`): the bias handling costs 0.18 ms at 480p and 0.92 ms
+    at 720p with the one-step-ahead fetch (0.29 / 1.16 ms when loaded at each tile); the first-order GEMM
+    ~0.06 ms. fold=True (fold_bias) removes the per-column conversion, compares and count multiply: the virtual
+    loop's SASS goes from 631 to 454 instructions per iteration; not yet run on a GPU (PSA_CUTE_FOLD_BIAS, off).
+  * Tried and not kept, both with the consumer inside a loop over work items: a persistent grid (one CTA per SM,
+    items round-robin) ran the exact part 0.55 ms slower at 480p (6.55 vs 6.00 ms without virtual tiles) and
+    3.5 ms at 720p; CTAs of 1, 2 or 4 adjacent pairs were slower even at one (7.96 / 8.06 ms pwt at 480p). In the
+    SASS of the one-item build the exact loop's shared-memory descriptors left the uniform datapath (26 R2UR and
+    9 divergent regions more per iteration), which alone can explain the one-item number; the rest (L2 locality
+    of the round-robin order) was not separated.
 """
 from __future__ import annotations
 
