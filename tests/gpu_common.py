@@ -68,3 +68,16 @@ def compiled_block(forward, D, density=0.25, variant="pwt", T=700, device="cuda"
     x = rnd((1, 2, T, D), device=device)
     breaks = torch._dynamo.explain(m)(x).graph_break_count
     return breaks, torch.compile(m, fullgraph=True)(x), m(x)
+
+
+def cute_skip_reason():
+    """Why the CuTe GPU tests cannot run here (no CUDA, not SM90, nvidia-cutlass-dsl missing), or None."""
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU"
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) != (9, 0):
+        return f"needs an SM90 (Hopper) GPU, got sm_{major}{minor}"
+    import kernels.cute as kc
+    if kc._IMPORT_ERROR is not None:
+        return f"cute backend unavailable: {kc._IMPORT_ERROR}"
+    return None

@@ -9,22 +9,10 @@ time and have not run yet."""
 import pytest
 import torch
 
-from gpu_common import cfg_of, float64_reference, rel, rnd
+from gpu_common import cfg_of, cute_skip_reason, float64_reference, rel, rnd
 
 
-def _skip_reason():
-    if not torch.cuda.is_available():
-        return "needs a CUDA GPU"
-    major, minor = torch.cuda.get_device_capability()
-    if (major, minor) != (9, 0):
-        return f"needs an SM90 (Hopper) GPU, got sm_{major}{minor}"
-    import kernels.cute as kc
-    if kc._IMPORT_ERROR is not None:
-        return f"cute backend unavailable: {kc._IMPORT_ERROR}"
-    return None
-
-
-_why = _skip_reason()
+_why = cute_skip_reason()
 if _why is not None:
     pytest.skip(f"CuTe pair-kernel GPU tests skipped: {_why}", allow_module_level=True)
 

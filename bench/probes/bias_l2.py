@@ -10,18 +10,14 @@ import torch
 import triton
 
 sys.path.insert(0, ".")
-from kernels.config import SparseConfig  # noqa: E402
+sys.path.insert(0, "bench/probes")
 from kernels.cute import fwd as CF  # noqa: E402
-from kernels.triton import stats as kts  # noqa: E402
+from routed import routed_inputs  # noqa: E402
 
 BUILDS = {"off": (False, False), "l2": (True, False), "pf": (False, True), "l2pf": (True, True)}
 res = {}
 for name, T in (("wan14_720", 75600), ("wan14", 32760)):
-    q, k, v = (torch.randn(1, 40, T, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    cp = SparseConfig(density=0.125, variant="pwt", band=1, n_sink_blocks=0, cov_bias=False, scale=128 ** -0.5)
-    cd = SparseConfig(density=0.125, variant="drop", band=1, n_sink_blocks=0, cov_bias=False, scale=128 ** -0.5)
-    st = kts.block_stats(q, k, v, cp)
-    idx, vb = kts.route(st, cp, q.dtype)
+    q, k, v, cp, cd, st, idx, vb = routed_inputs(T)
     outs = {b: torch.empty_like(q) for b in BUILDS}
     od = torch.empty_like(q)
     d = res[name] = {}

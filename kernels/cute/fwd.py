@@ -318,22 +318,7 @@ class PiecewiseSparseFwdSm90(TileOps):
             alpha = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
             acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
             tOrP = cute.make_rmem_tensor(pv_thr.partition_shape_A(self.pv_tiler[::2]), mO.element_type)
-            # routed blocks come first in the list, -1 padding after them. Each warp reads the list 32 entries
-            # at a time (one load per lane) and counts by ballot; kk_tail = the list position of the partial
-            # last KV block (T not a multiple of 64), -1 if none, so the loop masks without reading the list
-            lane = cute.arch.lane_idx()
-            n_valid = cutlass.Int32(0)
-            kk_tail = cutlass.Int32(-1)
-            for c in cutlass.range(0, n_sel, 32, unroll=1):
-                jv = cutlass.Int32(-1)
-                if c + lane < n_sel:
-                    jv = mIdx[i_b, i_h, i_q, c + lane]
-                n_valid = n_valid + cute.arch.popc(cute.arch.vote_ballot_sync(jv >= 0))
-                tb = cute.arch.vote_ballot_sync(jv == n_kv - 1)
-                if tb != 0:
-                    kk_tail = c + 31 - cutlass.Int32(cute.arch.clz(tb))
-            if rem >= BS:
-                kk_tail = cutlass.Int32(-1)
+            n_valid, kk_tail = self._list_scan(mIdx, i_b, i_h, i_q, n_sel, n_kv, rem)  # list length, partial block
             # one software-pipelined loop over every tile: the n_valid exact K/V tile pairs, then (pisa/pwt)
             # the n_vt virtual ones (k-bar against Q, P against the value means), in the producer's order.
             # While P_{u-1} V_{u-1} runs on the tensor cores, the softmax of S_u = Q K_u^T runs on the other units
@@ -429,11 +414,7 @@ class PiecewiseSparseFwdSm90(TileOps):
                         mO[o_row[self._row_slot_e(e)], tOcO[e][1], hb] = (
                             acc_o[e] / row_sum[self._row_slot_e(e)]).to(mO.element_type)
             else:
-                for e in cutlass.range_constexpr(cute.size(acc_o)):
-                    row = tOcO[e][0]
-                    t_row = i_q * BS + row
-                    if t_row < T:
-                        mO[t_row, tOcO[e][1], hb] = (acc_o[e] / row_sum[self._row_slot_e(e)]).to(mO.element_type)
+                self._store_rows(mO, acc_o, row_sum, tOcO, i_q, T, hb)
         return
 
 

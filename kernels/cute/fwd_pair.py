@@ -293,20 +293,7 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
             alpha = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
             acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
             tOrP = cute.make_rmem_tensor(pv_thr.partition_shape_A(self.pv_tiler[::2]), mO.element_type)
-            # the list length and the partial last block's position, as in fwd.py
-            lane = cute.arch.lane_idx()
-            n_valid = cutlass.Int32(0)
-            kk_tail = cutlass.Int32(-1)
-            for cc in cutlass.range(0, n_sel, 32, unroll=1):
-                jv = cutlass.Int32(-1)
-                if cc + lane < n_sel:
-                    jv = mIdx[i_b, i_h, i_q, cc + lane]
-                n_valid = n_valid + cute.arch.popc(cute.arch.vote_ballot_sync(jv >= 0))
-                tb = cute.arch.vote_ballot_sync(jv == n_kv - 1)
-                if tb != 0:
-                    kk_tail = cc + 31 - cutlass.Int32(cute.arch.clz(tb))
-            if rem >= BS:
-                kk_tail = cutlass.Int32(-1)
+            n_valid, kk_tail = self._list_scan(mIdx, i_b, i_h, i_q, n_sel, n_kv, rem)  # list length, partial block
             n_last = cutlass.Float32(rem)
             gfix = cutlass.Float32(BS) / n_last - 1.0
             n_tiles = n_valid + n_vt
@@ -428,10 +415,7 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
             for r in cutlass.range_constexpr(n_rows):
                 row_sum[r] = self._quad_sum(row_sum[r])
             if i_own < n_kv:
-                for e in cutlass.range_constexpr(cute.size(acc_o)):
-                    t_row = i_q * BS + tOcO[e][0]
-                    if t_row < T:
-                        mO[t_row, tOcO[e][1], hb] = (acc_o[e] / row_sum[self._row_slot_e(e)]).to(mO.element_type)
+                self._store_rows(mO, acc_o, row_sum, tOcO, i_q, T, hb)
         return
 
 

@@ -61,6 +61,35 @@ class TileOps:
             cnt[c] = n
 
     @cute.jit
+    def _list_scan(self, mIdx, i_b, i_h, i_q, n_sel, n_kv, rem):
+        """(n_valid, kk_tail) of query block i_q's routed list: routed blocks come first, -1 padding after them.
+        Each warp reads the list 32 entries at a time (one load per lane) and counts by ballot; kk_tail = the
+        list position of the partial last KV block (T not a multiple of 64), -1 if none, so the tile loop masks
+        without reading the list."""
+        lane = cute.arch.lane_idx()
+        n_valid = cutlass.Int32(0)
+        kk_tail = cutlass.Int32(-1)
+        for c in cutlass.range(0, n_sel, 32, unroll=1):
+            jv = cutlass.Int32(-1)
+            if c + lane < n_sel:
+                jv = mIdx[i_b, i_h, i_q, c + lane]
+            n_valid = n_valid + cute.arch.popc(cute.arch.vote_ballot_sync(jv >= 0))
+            tb = cute.arch.vote_ballot_sync(jv == n_kv - 1)
+            if tb != 0:
+                kk_tail = c + 31 - cutlass.Int32(cute.arch.clz(tb))
+        if rem >= BS:
+            kk_tail = cutlass.Int32(-1)
+        return n_valid, kk_tail
+
+    @cute.jit
+    def _store_rows(self, mO, acc_o, row_sum, tOcO, i_q, T, hb):
+        """The epilogue: the output tile normalised by the (quad-summed) row sums, the rows that exist stored."""
+        for e in cutlass.range_constexpr(cute.size(acc_o)):
+            t_row = i_q * BS + tOcO[e][0]
+            if t_row < T:
+                mO[t_row, tOcO[e][1], hb] = (acc_o[e] / row_sum[self._row_slot_e(e)]).to(mO.element_type)
+
+    @cute.jit
     def _softmax_tile(self, acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, is_virtual,
                       is_tail, rem, rescale_o: cutlass.Constexpr, folded: cutlass.Constexpr = False):
         """The online softmax of one tile: an exact tile (partial last block masked) or, for pisa/pwt, a
