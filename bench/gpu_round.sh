@@ -208,23 +208,26 @@ J)  # session 7, after a call that stashed .carry/cs_a (carry .carry/cs_b): the 
     timeout 200 python bench/probes/cute_pair.py --split > "$OUT/cute_pair_split.txt" 2>&1
     log "cute_pair --split rc=$?"
     ;;
-M)  # next session (carry .carry/cs_b after a call that stashed .carry/cs_a): the folded bias rows of the pair kernel
-    # (PSA_CUTE_FOLD_BIAS) - its tests, the probe, and the pick L then runs with
+M)  # next session (carry .carry/cs_b after a call that stashed .carry/cs_a): the pair kernel's folded bias rows
+    # (PSA_CUTE_FOLD_BIAS) and reciprocal epilogue (PSA_CUTE_RECIP_STORE) - their tests, the probe (FLUX.1 too: the
+    # pair kernel against the one-block kernel there), and the picks L then runs with
     python -c "import cutlass" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
     run_tests pair 240 tests/test_cute_pair_gpu.py
     timeout 200 python bench/probes/cute_pair.py --fold > "$OUT/cute_pair_fold.txt" 2>&1
-    FOLD=$(python - "$OUT/cute_pair_fold.txt" <<'PYEOF'
+    # each option on if it beat the plain pair build in both rounds at both Wan sizes (outputs within bf16 rounding)
+    read -r FOLD RECIP <<< "$(python - "$OUT/cute_pair_fold.txt" <<'PYEOF'
 import json, sys
 lines = [ln for ln in open(sys.argv[1]) if ln.startswith("RESULT ")]
 r = json.loads(lines[0][7:]) if lines else {}
-ok = r and all(d.get(f"pwt_p3fold_r{i}_ms", 1e9) < d[f"pwt_p3_r{i}_ms"] and d.get("p3fold_maxdiff_vs_one", 1) <= 3e-2
-               for d in r.values() for i in range(2))
-print(int(bool(ok)))
+wan = [r[s] for s in ("wan14", "wan14_720") if s in r]
+win = lambda b: bool(wan) and all(d.get(f"pwt_{b}_r{i}_ms", 1e9) < d[f"pwt_p3_r{i}_ms"]  # noqa: E731
+                                  and d.get(f"{b}_maxdiff_vs_one", 1) <= 3e-2 for d in wan for i in range(2))
+print(int(win("p3fold")), int(win("p3recip")))
 PYEOF
-)
-    if grep -qE "failed|error" "$OUT/tests_pair.log" || ! grep -q "passed" "$OUT/tests_pair.log"; then FOLD=0; fi
-    log "fold decision: PSA_CUTE_FOLD_BIAS=$FOLD ($(tail -1 "$OUT/cute_pair_fold.txt" | cut -c1-1200))"
-    echo "export PSA_CUTE_FOLD_BIAS=$FOLD" > "$STASH/pair_env"
+)"
+    if grep -qE "failed|error" "$OUT/tests_pair.log" || ! grep -q "passed" "$OUT/tests_pair.log"; then FOLD=0; RECIP=0; fi
+    log "decision: PSA_CUTE_FOLD_BIAS=${FOLD:-0} PSA_CUTE_RECIP_STORE=${RECIP:-0} ($(tail -1 "$OUT/cute_pair_fold.txt" | cut -c1-1500))"
+    echo "export PSA_CUTE_FOLD_BIAS=${FOLD:-0} PSA_CUTE_RECIP_STORE=${RECIP:-0}" > "$STASH/pair_env"
     ;;
 L)  # every piece at 480p, 720p and FLUX.1 with the session-7 defaults, both backends, Morton, FLUX as
     # the node calls it

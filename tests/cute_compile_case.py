@@ -51,10 +51,12 @@ for approx, q_rs, l2, pf, op in ((False, False, False, False, False), (True, Fal
     name = (("pisa/pwt" if approx else "drop") + (" q_rs" if q_rs else "") + (" bias_l2" if l2 else "")
             + (" bias_pf" if pf else "") + (" out_perm" if op else ""))
     builds.append((name, lambda a=(approx, 5, D, q_rs, l2, pf, op): F.PiecewiseSparseFwdSm90(*a), vb, 128))
-for fold in (False, True):  # two query blocks per CTA: 384 threads, one CTA per SM -> 168 registers at launch
-    builds.append(("pisa/pwt pair" + (" fold" if fold else ""),
-                   lambda fold=fold: __import__("kernels.cute.fwd_pair", fromlist=["x"]).PairFwdSm90(4, 3, D, "", fold),
-                   vbf if fold else vb, 168))
+from kernels.cute import fwd_pair as FP  # noqa: E402
+
+for fold, recip in ((False, False), (True, False), (True, True)):  # two query blocks per CTA: 384 threads, one CTA
+    # per SM -> 168 registers at launch
+    builds.append(("pisa/pwt pair" + (" fold" if fold else "") + (" recip" if recip else ""),
+                   lambda a=(4, 3, D, "", fold, recip): FP.PairFwdSm90(*a), vbf if fold else vb, 168))
 for name, make, vbias, reg_bound in builds:
     for f in os.listdir(dump):
         os.remove(os.path.join(dump, f))

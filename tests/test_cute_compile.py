@@ -10,7 +10,7 @@ from driver import run_driver
 
 FAMILIES = ["drop", "pisa/pwt", "drop q_rs", "pisa/pwt q_rs", "pisa/pwt q_rs bias_l2", "pisa/pwt q_rs bias_pf",
             "pisa/pwt q_rs bias_l2 bias_pf", "pisa/pwt q_rs out_perm", "drop q_rs out_perm", "pisa/pwt pair",
-            "pisa/pwt pair fold"]
+            "pisa/pwt pair fold", "pisa/pwt pair fold recip"]
 
 if importlib.util.find_spec("cutlass") is None:
     pytest.skip("CuTe compile test skipped: nvidia-cutlass-dsl is not installed (pip install .[cute])",

@@ -2,10 +2,11 @@
 one-block kernel (fwd.py) under identical routing (same per-tile arithmetic, so the outputs must agree to bf16
 rounding), against the float64 reference, on an odd number of query blocks (the last CTA's second warpgroup
 computes a block it does not store), routing lists of unequal length (band 0 / sinks, -1 padding), no virtual
-tiles (budget >= N), the folded bias rows (PSA_CUTE_FOLD_BIAS, fwd_pair.fold_bias) and the node's Morton call. Skipped
+tiles (budget >= N), the folded bias rows (PSA_CUTE_FOLD_BIAS, fwd_pair.fold_bias), the reciprocal epilogue
+(PSA_CUTE_RECIP_STORE) and the node's Morton call. Skipped
 (one line) without CUDA, an SM90 GPU or nvidia-cutlass-dsl. On the H200 (2026-12-01): the 19 tests above the folded-bias
-ones passed (bench/results/gpu_tests_s7_h200.log); the folded-bias and Morton tests were written after the device
-time and have not run yet."""
+ones passed (bench/results/gpu_tests_s7_h200.log); the folded-bias, Morton and reciprocal-epilogue tests were
+written after the device time and have not run yet."""
 import pytest
 import torch
 
@@ -151,3 +152,20 @@ def test_pair_on_the_morton_path_as_the_node_calls_it(fold, monkeypatch):
               on_failure="raise")
     assert torch.isfinite(out).all()
     assert rel(out, sep) <= (1e-3 if fold == "0" else FOLD_TOL)
+
+
+@pytest.mark.parametrize("fold", ["0", "1"])
+@pytest.mark.parametrize("shape", [(1, 2, 1000, 128), (2, 2, 4033, 128)], ids=lambda s: "B{}_H{}_T{}_D{}".format(*s))
+def test_pair_reciprocal_epilogue(fold, shape, monkeypatch):
+    # PSA_CUTE_RECIP_STORE: the output rows times 1 / row sum; the last bit of a float32 quotient may differ, so a
+    # bf16 output element now and then by one unit
+    q, k, v = (rnd(shape, seed=115 + s) for s in range(3))
+    cfg = cfg_of(128, 0.125, "pwt")
+    r, ref = float64_reference(q, k, v, cfg)
+    monkeypatch.setenv("PSA_CUTE_FOLD_BIAS", fold)
+    monkeypatch.setenv("PSA_CUTE_RECIP_STORE", "0")
+    div = _run(q, k, v, cfg, r, monkeypatch, True)
+    monkeypatch.setenv("PSA_CUTE_RECIP_STORE", "1")
+    mul = _run(q, k, v, cfg, r, monkeypatch, True)
+    assert torch.isfinite(mul).all()
+    assert rel(mul, div) <= 1e-3 and rel(mul, ref) <= REF_TOL

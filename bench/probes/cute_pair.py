@@ -8,7 +8,8 @@ operations per query block: ~0 expected). Prints one line `RESULT {...}`; bench/
 fwd_pair.py / fwd.attention(probe=): no virtual tiles, no bias loads, virtual tiles through the exact softmax, no
 first-order GEMM), for where the virtual tiles' time goes (their outputs are wrong by design). --fold: the pair
 build on folded bias rows (fwd_pair.fold_bias, its torch pass included in the time) against the plain rows and
-against no bias at all (nobias: what folding can save at most).
+against no bias at all (nobias: what folding can save at most), and the reciprocal epilogue (recip); at FLUX.1
+1024^2 as well.
 
     python bench/probes/cute_pair.py [--split | --fold]"""
 import json
@@ -22,18 +23,22 @@ sys.path.insert(0, "bench/probes")
 from kernels.cute import fwd as CF  # noqa: E402
 from routed import routed_inputs  # noqa: E402
 
-# name -> (pair, exact stages, shared stages[, timing probe])
+# name -> (pair, exact stages, shared stages[, timing probe[, folded bias[, reciprocal epilogue]]])
 BUILDS = {"one": (False, 4, 0), "p4": (True, 4, 4), "p3": (True, 4, 3), "p2": (True, 4, 2), "p3e3": (True, 3, 4)}
 if "--split" in sys.argv:  # where the virtual tiles' time goes: pieces removed one at a time (wrong outputs)
     BUILDS = {"one": (False, 4, 0), "one_novt": (False, 4, 0, "novt"), "p3": (True, 4, 3),
               "p3_novt": (True, 4, 3, "novt"), "p3_nobias": (True, 4, 3, "nobias"),
               "p3_asexact": (True, 4, 3, "asexact"), "p3_nohbar": (True, 4, 3, "nohbar")}
+SHAPES = [("wan14", 32760, 40, 0.125), ("wan14_720", 75600, 40, 0.125)]
 if "--fold" in sys.argv:  # the folded bias rows (PSA_CUTE_FOLD_BIAS, fwd_pair.fold_bias; its torch pass included)
+    # and the reciprocal epilogue (PSA_CUTE_RECIP_STORE); FLUX.1 1024^2 too, where the pair kernel is not the default
     BUILDS = {"one": (False, 4, 0), "p3": (True, 4, 3), "p3fold": (True, 4, 3, "", True),
-              "p4fold": (True, 4, 4, "", True), "p3_nobias": (True, 4, 3, "nobias")}
+              "p4fold": (True, 4, 4, "", True), "p3recip": (True, 4, 3, "", False, True),
+              "p3foldrecip": (True, 4, 3, "", True, True), "p3_nobias": (True, 4, 3, "nobias")}
+    SHAPES.append(("flux", 4608, 24, 0.2))
 res = {}
-for name, T in (("wan14", 32760), ("wan14_720", 75600)):
-    q, k, v, cp, cd, st, idx, vb = routed_inputs(T)
+for name, T, H, density in SHAPES:
+    q, k, v, cp, cd, st, idx, vb = routed_inputs(T, H, density)
     outs = {b: torch.empty_like(q) for b in BUILDS}
     od = torch.empty_like(q)
     d = res[name] = {}
@@ -41,10 +46,11 @@ for name, T in (("wan14", 32760), ("wan14_720", 75600)):
 
     def call(b):
         import os
-        pair, kv, vt, probe, fold = (BUILDS[b] + ("", False))[:5]
+        pair, kv, vt, probe, fold, recip = BUILDS[b] + ("", False, False)[len(BUILDS[b]) - 3:]
         if vt:
             os.environ["PSA_CUTE_VT_STAGES"] = str(vt)
-        CF.attention(q, k, v, outs[b], st, idx, vb, cp, kv_stages=kv, pair=pair, probe=probe, fold=fold)
+        CF.attention(q, k, v, outs[b], st, idx, vb, cp, kv_stages=kv, pair=pair, probe=probe, fold=fold,
+                     recip=recip)
 
     for r in range(2):
         for b in BUILDS:

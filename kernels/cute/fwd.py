@@ -101,6 +101,10 @@ PAIR_MIN_BLOCKS = 512
 # then loads float32 values and skips the per-column conversion, compares and count multiply that the timing probes
 # put at 0.18 ms of 480p and 0.92 ms of 720p). PSA_CUTE_FOLD_BIAS=1/0 overrides. Not yet run on a GPU: off
 FOLD_BIAS = False
+# the pair build's epilogue multiplies by one reciprocal per row instead of dividing every element (each division a
+# check and a slow-path call in its SASS; both warpgroups end together there, so the epilogue is not hidden behind
+# another CTA). PSA_CUTE_RECIP_STORE=1/0 overrides. Not yet run on a GPU: off
+RECIP_STORE = False
 PAIR_VT_STAGES = 3  # its shared virtual-tile stages (cute_pair.py, session 7: 3 fastest at 720p, 2-4 equal at 480p)
 
 
@@ -494,7 +498,7 @@ def out_perm_enabled() -> bool:
 
 def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None, q_rs: bool | None = None,
               bias_l2: bool | None = None, bias_pf: bool | None = None, perm: torch.Tensor | None = None,
-              pair: bool | None = None, probe: str = "", fold: bool | None = None):
+              pair: bool | None = None, probe: str = "", fold: bool | None = None, recip: bool | None = None):
     """Fused forward on [B, HC, T, D] bf16 views (unit last stride, 16-byte aligned strides); same
     arguments and meaning as kernels.triton.fwd.attention, except that `perm` (int32 [T], the full Morton
     order: kernels.reorder.full_order) only moves the output rows (q, k, v are read in block order): row t of
@@ -538,7 +542,8 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
         from .fwd_pair import fold_bias
 
         vb = fold_bias(vbias, T - (n - 1) * BS, n_vt * BS)
-    key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm, vt_stages, probe, fold)
+    recip = pair and (_env_flag("PSA_CUTE_RECIP_STORE", RECIP_STORE) if recip is None else bool(recip))
+    key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm, vt_stages, probe, fold, recip)
     args = [_cute(x) for x in (q, k, v, out, kb, vm, hb)]
     args += [from_dlpack(vb.detach(), assumed_align=vb.element_size()).mark_layout_dynamic(leading_dim=3),
              from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3),
@@ -555,7 +560,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
                 if pair:
                     from .fwd_pair import PairFwdSm90
 
-                    kern = PairFwdSm90(stages, vt_stages, D, probe, fold)
+                    kern = PairFwdSm90(stages, vt_stages, D, probe, fold, recip)
                 else:
                     kern = PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2, bias_pf, out_perm)
                 fn = cute.compile(kern, *args, *scal, stream)

@@ -34,6 +34,9 @@ random inputs, two rounds; raw output bench/results/cute_pair_s7_h200.txt):
     at 720p with the one-step-ahead fetch (0.29 / 1.16 ms when loaded at each tile); the first-order GEMM
     ~0.06 ms. fold=True (fold_bias) removes the per-column conversion, compares and count multiply: the virtual
     loop's SASS goes from 631 to 454 instructions per iteration; not yet run on a GPU (PSA_CUTE_FOLD_BIAS, off).
+    recip_store=True: the epilogue multiplies by one reciprocal per row (its 64 IEEE divisions per thread are a
+    check and a slow-path call each in the SASS, and here both warpgroups' epilogues are exposed at once); not
+    yet run on a GPU either (PSA_CUTE_RECIP_STORE, off).
   * Tried and not kept, both with the consumer inside a loop over work items: a persistent grid (one CTA per SM,
     items round-robin) ran the exact part 0.55 ms slower at 480p (6.55 vs 6.00 ms without virtual tiles) and
     3.5 ms at 720p; CTAs of 1, 2 or 4 adjacent pairs were slower even at one (7.96 / 8.06 ms pwt at 480p). In the
@@ -79,8 +82,9 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
     """pisa / pwt only; compile-time configuration: exact stages per consumer, shared virtual stages."""
 
     def __init__(self, kv_stages: int = KV_STAGES, vt_stages: int = VT_STAGES, head_dim: int = 128, probe: str = "",
-                 fold: bool = False):
+                 fold: bool = False, recip_store: bool = False):
         super().__init__(True, kv_stages, head_dim, q_rs=True)
+        self.recip_store = recip_store  # the epilogue multiplies by 1 / row sum (tile_ops._store_rows)
         self.vt_stages = vt_stages
         # the bias rows come folded (fold_bias: float32, log2 units, log2 of the token counts added, -inf padding
         # to whole tiles): a virtual tile's bias is loaded and used as it is, P needs no count multiply
@@ -415,7 +419,7 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
             for r in cutlass.range_constexpr(n_rows):
                 row_sum[r] = self._quad_sum(row_sum[r])
             if i_own < n_kv:
-                self._store_rows(mO, acc_o, row_sum, tOcO, i_q, T, hb)
+                self._store_rows(mO, acc_o, row_sum, tOcO, i_q, T, hb, self.recip_store)
         return
 
 
