@@ -42,7 +42,8 @@ random inputs, two rounds; raw output bench/results/cute_pair_s7_h200.txt):
     3.5 ms at 720p; CTAs of 1, 2 or 4 adjacent pairs were slower even at one (7.96 / 8.06 ms pwt at 480p). In the
     SASS of the one-item build the exact loop's shared-memory descriptors left the uniform datapath (26 R2UR and
     9 divergent regions more per iteration), which alone can explain the one-item number; the rest (L2 locality
-    of the round-robin order) was not separated.
+    of the round-robin order) was not separated. Neither make_warp_uniform on the stage indices nor allocating the
+    per-item registers inside the item loop removed those R2UR (compiled after the device time, SASS only).
 """
 from __future__ import annotations
 
