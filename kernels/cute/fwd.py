@@ -383,24 +383,13 @@ class PiecewiseSparseFwdSm90(TileOps):
                     tHrQ = qh_thr.make_fragment_A(qh_thr.partition_A(sQ))[(None, None, None, qh.index)]
                     tHrH = qh_thr.make_fragment_B(qh_thr.partition_B(sV))
                     acc_h = qh_thr.make_fragment_C(qh_thr.partition_shape_C(self.pv_tiler[:2]))
-                    n_kb = cute.size(tHrH, mode=[2])  # k-blocks per H-bar tile
                     hhs = []
                     for t in cutlass.range_constexpr(self.d // BS):
                         hhs.append(kv_cons.wait_and_advance())
-                    acc_h.fill(0.0)
-                    warpgroup.fence()
-                    for t in cutlass.range_constexpr(self.d // BS):
-                        for kb in cutlass.range_constexpr(n_kb):
-                            cute.gemm(qh_mma, acc_h, tHrQ[(None, None, t * n_kb + kb)],
-                                      tHrH[(None, None, kb, hhs[t].index)], acc_h)
-                    warpgroup.commit_group()
-                    warpgroup.wait_group(0)
+                    self._qh_gemm(qh_mma, acc_h, tHrQ, tHrH, [h.index for h in hhs])
                     for t in cutlass.range_constexpr(self.d // BS):
                         hhs[t].release()
-                    for r in cutlass.range_constexpr(n_rows):
-                        row_g[r] = self._quad_sum(row_g[r])
-                    for e in cutlass.range_constexpr(cute.size(acc_o)):
-                        acc_o[e] = acc_o[e] + acc_h[e] * (scale * row_g[self._row_slot_e(e)])
+                    self._add_first_order(acc_o, acc_h, row_g, scale)
             # epilogue: normalise, store the rows that exist
             for r in cutlass.range_constexpr(n_rows):
                 row_sum[r] = self._quad_sum(row_sum[r])

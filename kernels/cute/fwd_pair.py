@@ -397,26 +397,18 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
                 tHrQ = qh_thr.make_fragment_A(qh_thr.partition_A(sQ))[(None, None, None, c)]
                 tHrH = qh_thr.make_fragment_B(qh_thr.partition_B(sVp))
                 acc_h = qh_thr.make_fragment_C(qh_thr.partition_shape_C(self.pv_tiler[:2]))
-                n_kb = cute.size(tHrH, mode=[2])
                 hhs = []
                 for t in cutlass.range_constexpr(self.d // BS):
                     hhs.append(vp_cons.wait_and_advance())
-                acc_h.fill(0.0)
                 if cutlass.const_expr(self.probe != "nohbar"):
-                    warpgroup.fence()
-                    for t in cutlass.range_constexpr(self.d // BS):
-                        for kb in cutlass.range_constexpr(n_kb):
-                            cute.gemm(qh_mma, acc_h, tHrQ[(None, None, t * n_kb + kb)],
-                                      tHrH[(None, None, kb, hhs[t].index)], acc_h)
-                    warpgroup.commit_group()
-                    warpgroup.wait_group(0)
+                    self._qh_gemm(qh_mma, acc_h, tHrQ, tHrH, [h.index for h in hhs])
+                else:
+                    acc_h.fill(0.0)
                 for t in cutlass.range_constexpr(self.d // BS):
                     hhs[t].release()
-                g_scale = scale * (1.0 / BS) if cutlass.const_expr(self.fold) else scale
-                for r in cutlass.range_constexpr(n_rows):
-                    row_g[r] = self._quad_sum(row_g[r])
-                for e in cutlass.range_constexpr(cute.size(acc_o)):
-                    acc_o[e] = acc_o[e] + acc_h[e] * (g_scale * row_g[self._row_slot_e(e)])
+                # folded rows: the first-order weight gathered 64 e(s-hat) per full block
+                self._add_first_order(acc_o, acc_h, row_g, scale * (1.0 / BS) if cutlass.const_expr(self.fold)
+                                      else scale)
             for r in cutlass.range_constexpr(n_rows):
                 row_sum[r] = self._quad_sum(row_sum[r])
             if i_own < n_kv:

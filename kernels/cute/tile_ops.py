@@ -82,6 +82,28 @@ class TileOps:
         return n_valid, kk_tail
 
     @cute.jit
+    def _qh_gemm(self, qh_mma, acc_h, tHrQ, tHrH, stages):
+        """acc_h = q H-bar: A = the query tile (shared memory or registers), B = the H-bar tiles in the pipeline
+        stages `stages` (one per 64 rows of H-bar, already waited for)."""
+        n_kb = cute.size(tHrH, mode=[2])  # k-blocks per H-bar tile
+        acc_h.fill(0.0)
+        warpgroup.fence()
+        for t in cutlass.range_constexpr(len(stages)):
+            for kb in cutlass.range_constexpr(n_kb):
+                cute.gemm(qh_mma, acc_h, tHrQ[(None, None, t * n_kb + kb)], tHrH[(None, None, kb, stages[t])],
+                          acc_h)
+        warpgroup.commit_group()
+        warpgroup.wait_group(0)
+
+    @cute.jit
+    def _add_first_order(self, acc_o, acc_h, row_g, g_scale):
+        """acc_o += g_scale (q H-bar) g per row, g = the row's first-order weight summed over its quad."""
+        for r in cutlass.range_constexpr(2):
+            row_g[r] = self._quad_sum(row_g[r])
+        for e in cutlass.range_constexpr(cute.size(acc_o)):
+            acc_o[e] = acc_o[e] + acc_h[e] * (g_scale * row_g[self._row_slot_e(e)])
+
+    @cute.jit
     def _store_rows(self, mO, acc_o, row_sum, tOcO, i_q, T, hb, recip: cutlass.Constexpr = False):
         """The epilogue: the output tile normalised by the (quad-summed) row sums, the rows that exist stored.
         recip: one division per row and a multiply per element instead of 64 IEEE divisions per thread (each a
