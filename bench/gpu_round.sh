@@ -8,7 +8,8 @@
 # session 6's round, after A-E: F (carry [".carry/cs_a"]), G (carry [".carry/cs_b"]), E; P (no carry, after A and B):
 # Nsight Compute on the CuTe attention, drop vs pwt. Session 7: H (carry [".carry/cs_a"]), I / J (carry
 # [".carry/cs_b"]), L (pieces), E. Next: a stash call (carry [".carry/cs_a"], command `. bench/install_cute_site.sh`),
-# then M (carry [".carry/cs_b"]: the folded bias rows), L (no carry needed once the site is unpacked), E.
+# then M (carry [".carry/cs_b"]: the folded bias rows), L (no carry needed once the site is unpacked), E. Session 8:
+# stash, M, then (after the shared exact pipeline was built) stash, N (carry [".carry/cs_b"]), L, E.
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
 # times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
@@ -208,32 +209,67 @@ J)  # session 7, after a call that stashed .carry/cs_a (carry .carry/cs_b): the 
     timeout 200 python bench/probes/cute_pair.py --split > "$OUT/cute_pair_split.txt" 2>&1
     log "cute_pair --split rc=$?"
     ;;
-M)  # next session (carry .carry/cs_b after a call that stashed .carry/cs_a): the pair kernel's folded bias rows
-    # (PSA_CUTE_FOLD_BIAS) and reciprocal epilogue (PSA_CUTE_RECIP_STORE) - their tests, the probe (FLUX.1 too: the
-    # pair kernel against the one-block kernel there), and the picks L then runs with
+M)  # session 8 (carry .carry/cs_b after a call that stashed .carry/cs_a): the pair kernel's folded bias rows and
+    # reciprocal epilogue (run once, bench/results/cute_pair_s8_h200.txt: the reciprocal epilogue is now the
+    # default, the folded rows are gone); kept for the record, its probe mode no longer exists
+    echo "phase M ran in session 8; see bench/results/cute_pair_s8_h200.txt"; exit 2
+    ;;
+N)  # session 8, after a stash call (carry .carry/cs_b): the pair kernel with one exact pipeline over the union of
+    # both lists (PSA_CUTE_PAIR_SHARE) - its tests, the probe on random and DiT-like inputs, the pick L and E then
+    # run with, and every CuTe GPU test with that pick
     python -c "import cutlass" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
-    run_tests pair 240 tests/test_cute_pair_gpu.py
-    timeout 200 python bench/probes/cute_pair.py --fold > "$OUT/cute_pair_fold.txt" 2>&1
-    # each option on if it beat the plain pair build in both rounds at both Wan sizes (outputs within bf16 rounding)
-    read -r FOLD RECIP <<< "$(python - "$OUT/cute_pair_fold.txt" <<'PYEOF'
+    # first the crafted-list tests alone, stopping at the first failure: a pipeline that hangs is cut at 150 s
+    log "pytest share smoke"
+    timeout -k 10 150 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_cute_pair_gpu.py -k "crafted" \
+        > "$OUT/tests_share_smoke.log" 2>&1
+    SMOKE=$?
+    log "pytest share smoke rc=$SMOKE $(tail -1 "$OUT/tests_share_smoke.log")"
+    if [ "$SMOKE" != 0 ]; then
+        log "shared exact pipeline failed its smoke test: PSA_CUTE_PAIR_SHARE=0, the other tests only"
+        echo "export PSA_CUTE_PAIR_SHARE=0" > "$STASH/pair_env"
+        run_tests pair 240 tests/test_cute_pair_gpu.py -k "not share and not crafted"
+        run_tests cute 240 tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
+        log "done"; exit 0
+    fi
+    run_tests pair 300 tests/test_cute_pair_gpu.py
+    log "cute_pair --share"
+    timeout -k 10 330 python bench/probes/cute_pair.py --share > "$OUT/cute_pair_share.txt" 2>&1
+    # on if faster than the own-list pipelines in both rounds on both DiT-like shapes, not slower than 1% on the
+    # random ones (means of the two rounds), and the same output (the same tiles in the same order)
+    SHARE=$(python - "$OUT/cute_pair_share.txt" <<'PYEOF'
 import json, sys
 lines = [ln for ln in open(sys.argv[1]) if ln.startswith("RESULT ")]
 r = json.loads(lines[0][7:]) if lines else {}
-wan = [r[s] for s in ("wan14", "wan14_720") if s in r]
-win = lambda b: bool(wan) and all(d.get(f"pwt_{b}_r{i}_ms", 1e9) < d[f"pwt_p3_r{i}_ms"]  # noqa: E731
-                                  and d.get(f"{b}_maxdiff_vs_one", 1) <= 3e-2 for d in wan for i in range(2))
-print(int(win("p3fold")), int(win("p3recip")))
+mean = lambda d, b: sum(d.get(f"pwt_{b}_r{i}_ms", 1e9) for i in range(2)) / 2  # noqa: E731
+dit = [d for s, d in r.items() if "ditlike" in s]
+rnd = [d for s, d in r.items() if "ditlike" not in s]
+ok = (len(dit) == 2 and len(rnd) == 2
+      and all(d.get(f"pwt_p3share_r{i}_ms", 1e9) < d.get(f"pwt_p3_r{i}_ms", 0) for d in dit for i in range(2))
+      and all(mean(d, "p3share") <= 1.01 * mean(d, "p3") for d in rnd)
+      and all(d.get("p3share_maxdiff_vs_p3", 1) == 0.0 for d in r.values()))
+print(int(ok))
 PYEOF
-)"
-    if grep -qE "failed|error" "$OUT/tests_pair.log" || ! grep -q "passed" "$OUT/tests_pair.log"; then FOLD=0; RECIP=0; fi
-    log "decision: PSA_CUTE_FOLD_BIAS=${FOLD:-0} PSA_CUTE_RECIP_STORE=${RECIP:-0} ($(tail -1 "$OUT/cute_pair_fold.txt" | cut -c1-1500))"
-    echo "export PSA_CUTE_FOLD_BIAS=${FOLD:-0} PSA_CUTE_RECIP_STORE=${RECIP:-0}" > "$STASH/pair_env"
+)
+    if grep -qE "failed|error" "$OUT/tests_pair.log" || ! grep -q "passed" "$OUT/tests_pair.log"; then SHARE=0; fi
+    log "decision: PSA_CUTE_PAIR_SHARE=${SHARE:-0} ($(tail -1 "$OUT/cute_pair_share.txt" | cut -c1-2500))"
+    echo "export PSA_CUTE_PAIR_SHARE=${SHARE:-0}" > "$STASH/pair_env"
+    export PSA_CUTE_PAIR_SHARE=${SHARE:-0}
+    # the CuTe tests in what is left of a 600 s call (else in the next call: bash bench/gpu_round.sh T)
+    LEFT=$((570 - SECONDS))
+    if [ "$LEFT" -gt 90 ]; then
+        run_tests cute "$LEFT" tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
+    else
+        log "no time left for the CuTe tests in this call: run phase T next"
+    fi
+    ;;
+T)  # the CuTe GPU tests with the stashed picks (after N, when N had no time left for them)
+    run_tests cute 300 tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
     ;;
 L)  # every piece at 480p, 720p and FLUX.1 with the session-7 defaults, both backends, Morton, FLUX as
     # the node calls it
     python -c "import cutlass" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: pieces runs Triton only"
-    log "pieces (session 7 defaults)"
-    timeout 330 python bench/pieces.py --out "$OUT/pieces_l" --morton --flux-node \
+    log "pieces (current defaults and picks)"
+    timeout ${PIECES_TIMEOUT:-400} python bench/pieces.py --out "$OUT/pieces_l" --morton --flux-node --ditlike \
         --shapes wan14,wan14_720,flux > "$OUT/pieces_l.log" 2>&1
     log "pieces rc=$?"
     ;;

@@ -2,11 +2,11 @@
 one-block kernel (fwd.py) under identical routing (same per-tile arithmetic, so the outputs must agree to bf16
 rounding), against the float64 reference, on an odd number of query blocks (the last CTA's second warpgroup
 computes a block it does not store), routing lists of unequal length (band 0 / sinks, -1 padding), no virtual
-tiles (budget >= N), the folded bias rows (PSA_CUTE_FOLD_BIAS, fwd_pair.fold_bias), the reciprocal epilogue
-(PSA_CUTE_RECIP_STORE) and the node's Morton call. Skipped
-(one line) without CUDA, an SM90 GPU or nvidia-cutlass-dsl. On the H200 (2026-12-01): the 19 tests above the folded-bias
-ones passed (bench/results/gpu_tests_s7_h200.log); the folded-bias, Morton and reciprocal-epilogue tests were
-written after the device time and have not run yet."""
+tiles (budget >= N), the reciprocal epilogue (PSA_CUTE_RECIP_STORE), one exact pipeline over the union of the two
+lists (PSA_CUTE_PAIR_SHARE; crafted lists with gaps below, at and above its hold-over limit) and the node's Morton
+call. Skipped (one line) without CUDA, an SM90 GPU or nvidia-cutlass-dsl. On the H200 (2026-12-01): 19 tests passed
+in session 7 (bench/results/gpu_tests_s7_h200.log) and the reciprocal-epilogue and Morton tests in session 8; the
+shared-pipeline tests were written after that run."""
 import pytest
 import torch
 
@@ -32,6 +32,8 @@ def _run(q, k, v, cfg, routing, monkeypatch, pair, stages=None):
 
 
 def _check(q, k, v, cfg, monkeypatch, stages=None):
+    # the one-block kernel's epilogue divides: the pair build here does too, so the operations are the same
+    monkeypatch.setenv("PSA_CUTE_RECIP_STORE", "0")
     r, ref = float64_reference(q, k, v, cfg)
     one = _run(q, k, v, cfg, r, monkeypatch, False)
     two = _run(q, k, v, cfg, r, monkeypatch, True, stages)
@@ -70,6 +72,7 @@ def test_pair_unequal_lists_band_zero_and_sinks(monkeypatch):
 
 
 def test_pair_large_logits(monkeypatch):
+    monkeypatch.setenv("PSA_CUTE_RECIP_STORE", "0")
     q, k, v = (rnd((1, 2, 1000, 128), seed=90 + s) for s in range(3))
     q = (q.float() * 30).to(torch.bfloat16)
     r, ref = float64_reference(q, k, v, cfg_of(128, 0.125, "pwt"))
@@ -99,41 +102,79 @@ def test_pair_own_routing_and_dit_like(monkeypatch):
 
 
 
-FOLD_TOL = 2e-3  # folded vs plain bias rows: exp2 of a sum instead of a product (rounding), bf16 P then rounds apart
+def _share_check(q, k, v, cfg, monkeypatch, routing=None):
+    """The pair kernel with one exact pipeline over the union of the two lists (PSA_CUTE_PAIR_SHARE) against the
+    same kernel with a pipeline per list: each query block computes the same tiles in the same order, so the
+    outputs are equal; and against the float64 reference under the same routing."""
+    from kernels import reference
+    from kernels.routing import block_stats
+    if routing is None:
+        routing, ref = float64_reference(q, k, v, cfg)
+    else:
+        q64, k64, v64 = q.double(), k.double(), v.double()
+        ref = reference.forward(q64, k64, v64, cfg, routing=routing, stats=block_stats(q64, k64, v64, cfg.block_size))
+    monkeypatch.setenv("PSA_CUTE_PAIR_SHARE", "0")
+    own = _run(q, k, v, cfg, routing, monkeypatch, True)
+    monkeypatch.setenv("PSA_CUTE_PAIR_SHARE", "1")
+    shared = _run(q, k, v, cfg, routing, monkeypatch, True)
+    assert torch.isfinite(shared).all()
+    assert rel(shared, own) <= SAME_TOL, f"shared vs own exact pipelines: rel L2 {rel(shared, own):.2e}"
+    assert rel(shared, ref) <= REF_TOL, f"shared exact pipeline vs float64 reference: rel L2 {rel(shared, ref):.2e}"
 
 
-def _fold_check(q, k, v, cfg, monkeypatch, ref_tol=REF_TOL):
-    r, ref = float64_reference(q, k, v, cfg)
-    monkeypatch.setenv("PSA_CUTE_FOLD_BIAS", "0")
-    plain = _run(q, k, v, cfg, r, monkeypatch, True)
-    monkeypatch.setenv("PSA_CUTE_FOLD_BIAS", "1")
-    folded = _run(q, k, v, cfg, r, monkeypatch, True)
-    assert torch.isfinite(folded).all()
-    assert rel(folded, plain) <= FOLD_TOL, f"folded vs plain bias rows: rel L2 {rel(folded, plain):.2e}"
-    assert rel(folded, ref) <= ref_tol, f"folded vs float64 reference: rel L2 {rel(folded, ref):.2e}"
-
-
-# the partial last block (its count and first-order weight fixed in the tile holding it): T 1000 / 936 / 100 end
-# 40 / 40 / 36 tokens into a block, T 4033 one token, T 4096 none; T 100 has a single virtual tile
 @pytest.mark.parametrize("variant", ["pwt", "pisa"])
-@pytest.mark.parametrize("shape", [(1, 2, 1000, 128), (1, 2, 936, 128), (2, 2, 4033, 128), (1, 2, 4096, 128),
-                                   (1, 2, 100, 128)], ids=lambda s: "B{}_H{}_T{}_D{}".format(*s))
-def test_pair_folded_bias_rows(variant, shape, monkeypatch):
+@pytest.mark.parametrize("shape", [(1, 2, 1000, 128), (1, 2, 936, 128), (2, 2, 4033, 128), (1, 1, 64, 128),
+                                   (1, 8, 4096, 128)], ids=lambda s: "B{}_H{}_T{}_D{}".format(*s))
+def test_pair_shared_exact_tiles(variant, shape, monkeypatch):
     q, k, v = (rnd(shape, seed=100 + s) for s in range(3))
-    _fold_check(q, k, v, cfg_of(128, 0.125, variant), monkeypatch)
+    _share_check(q, k, v, cfg_of(128, 0.125, variant), monkeypatch)
 
 
-def test_pair_folded_bias_rows_band_zero_sinks_and_large_logits(monkeypatch):
+def test_pair_shared_exact_tiles_dit_like_band_zero_sinks_density_one(monkeypatch):
+    from kernels.synthetic import dit_like_qkv
+    q, k, v = dit_like_qkv((4, 32, 32), heads=2, head_dim=128, dtype=torch.bfloat16, device="cuda")
+    _share_check(q, k, v, cfg_of(128, 0.1, "pwt"), monkeypatch)  # adjacent lists overlap most
     q, k, v = (rnd((2, 2, 4033, 128), seed=105 + s) for s in range(3))
-    _fold_check(q, k, v, cfg_of(128, 0.2, "pwt", band=0, sinks=1), monkeypatch)
+    _share_check(q, k, v, cfg_of(128, 0.2, "pwt", band=0, sinks=1), monkeypatch)
+    _share_check(q, k, v, cfg_of(128, 1.0, "pwt"), monkeypatch)  # no virtual tiles, identical full lists
+
+
+# crafted lists for the 16 query blocks of T 1000 (query block i: even / odd), with gaps below, at and above the
+# kernel's limit (gap_max = kv_stages - 1 = 3 tiles of the other list alone, held over; more: the P V first)
+CRAFTED = {
+    "disjoint": (lambda i: range(0, 6), lambda i: range(10, 16)),
+    "identical": (lambda i: (0, 3, 7, 15), lambda i: (0, 3, 7, 15)),
+    "gap_3_then_4": (lambda i: (0, 4, 9), lambda i: (1, 2, 3, 5, 6, 7, 8)),
+    "long_gap": (lambda i: (0, 8, 9), lambda i: range(1, 8)),
+    "interleaved": (lambda i: range(0, 16, 2), lambda i: range(1, 16, 2)),
+    "one_list_empty": (lambda i: range(0, 8), lambda i: ()),
+    "shifted": (lambda i: (i, (i + 5) % 16), lambda i: (i, (i + 9) % 16, (i + 11) % 16)),
+}
+
+
+@pytest.mark.parametrize("variant", ["pwt", "pisa"])
+@pytest.mark.parametrize("case", sorted(CRAFTED))
+def test_pair_shared_exact_tiles_crafted_lists(case, variant, monkeypatch):
+    from kernels.routing import Routing
     q, k, v = (rnd((1, 2, 1000, 128), seed=108 + s) for s in range(3))
-    _fold_check((q.float() * 30).to(torch.bfloat16), k, v, cfg_of(128, 0.125, "pwt"), monkeypatch, ref_tol=1e-2)
+    cfg = cfg_of(128, 0.125, variant)
+    r, _ = float64_reference(q, k, v, cfg)
+    B, H, N, _ = r.exact.shape
+    even, odd = CRAFTED[case]
+    lists = [sorted(set((odd if i % 2 else even)(i))) for i in range(N)]
+    idx = torch.full((B, H, N, max(len(x) for x in lists) or 1), -1, dtype=torch.int32)
+    exact = torch.zeros(B, H, N, N, dtype=torch.bool)
+    for i, x in enumerate(lists):
+        idx[:, :, i, :len(x)] = torch.tensor(x, dtype=torch.int32)
+        exact[:, :, i, list(x)] = True
+    dev = r.exact.device
+    _share_check(q, k, v, cfg, monkeypatch, Routing(idx=idx.to(dev), exact=exact.to(dev), w=r.w))
 
 
-@pytest.mark.parametrize("fold", ["0", "1"])
-def test_pair_on_the_morton_path_as_the_node_calls_it(fold, monkeypatch):
+@pytest.mark.parametrize("share", ["0", "1"])
+def test_pair_on_the_morton_path_as_the_node_calls_it(share, monkeypatch):
     # the node's call (Morton, [B, L, H, D] memory, block-order copies, the output over the q copy and scattered
-    # back) with the pair kernel forced on, plain and folded bias rows: the answer of gathering first and
+    # back) with the pair kernel forced on, own and shared exact pipelines: the answer of gathering first and
     # scattering after with the one-block kernel
     import math
     from gpu_common import MORTON_BHD, MORTON_GRID, MORTON_PREFIX, node_layout_qkv
@@ -147,22 +188,20 @@ def test_pair_on_the_morton_path_as_the_node_calls_it(fold, monkeypatch):
     sep = kc.scatter_tokens(kc.forward(*(kc.gather_tokens(x, perm, npre) for x in (q, k, v)), cfg_of(D, 0.125, "pwt")),
                             perm, npre)
     monkeypatch.setenv("PSA_CUTE_PAIR", "1")
-    monkeypatch.setenv("PSA_CUTE_FOLD_BIAS", fold)
+    monkeypatch.setenv("PSA_CUTE_PAIR_SHARE", share)
     out = psa(q, k, v, density=0.125, variant="pwt", reorder="morton", grid=grid, n_prefix=npre, backend="cute",
               on_failure="raise")
     assert torch.isfinite(out).all()
-    assert rel(out, sep) <= (1e-3 if fold == "0" else FOLD_TOL)
+    assert rel(out, sep) <= 1e-3  # the pair kernel's reciprocal epilogue: a bf16 unit here and there
 
 
-@pytest.mark.parametrize("fold", ["0", "1"])
 @pytest.mark.parametrize("shape", [(1, 2, 1000, 128), (2, 2, 4033, 128)], ids=lambda s: "B{}_H{}_T{}_D{}".format(*s))
-def test_pair_reciprocal_epilogue(fold, shape, monkeypatch):
-    # PSA_CUTE_RECIP_STORE: the output rows times 1 / row sum; the last bit of a float32 quotient may differ, so a
-    # bf16 output element now and then by one unit
+def test_pair_reciprocal_epilogue(shape, monkeypatch):
+    # PSA_CUTE_RECIP_STORE (on by default): the output rows times 1 / row sum; the last bit of a float32 quotient
+    # may differ, so a bf16 output element now and then by one unit
     q, k, v = (rnd(shape, seed=115 + s) for s in range(3))
     cfg = cfg_of(128, 0.125, "pwt")
     r, ref = float64_reference(q, k, v, cfg)
-    monkeypatch.setenv("PSA_CUTE_FOLD_BIAS", fold)
     monkeypatch.setenv("PSA_CUTE_RECIP_STORE", "0")
     div = _run(q, k, v, cfg, r, monkeypatch, True)
     monkeypatch.setenv("PSA_CUTE_RECIP_STORE", "1")

@@ -6,12 +6,14 @@ once, so virtual = pwt - drop per build; each build's largest difference from th
 operations per query block: ~0 expected). Prints one line `RESULT {...}`; bench/gpu_round.sh I picks from it.
 --split: the one-block and pair (3 shared stages) builds with pieces of the virtual work removed (timing probes of
 fwd_pair.py / fwd.attention(probe=): no virtual tiles, no bias loads, virtual tiles through the exact softmax, no
-first-order GEMM), for where the virtual tiles' time goes (their outputs are wrong by design). --fold: the pair
-build on folded bias rows (fwd_pair.fold_bias, its torch pass included in the time) against the plain rows and
-against no bias at all (nobias: what folding can save at most), and the reciprocal epilogue (recip); at FLUX.1
-1024^2 as well.
+first-order GEMM), for where the virtual tiles' time goes (their outputs are wrong by design). --share: the pair
+build with one exact pipeline over the union of its two lists (fwd_pair.py share=True) against its own-list
+pipelines, with and without virtual tiles (novt: the exact part alone), on random and on DiT-like Morton-ordered
+inputs (kernels/synthetic.py at the real grid; adjacent query blocks' lists overlap there), and the share of
+adjacent lists in common. (Session 8's --fold run, recorded in bench/results/cute_pair_s8_h200.txt, timed the
+folded bias rows and the reciprocal epilogue; the fold option is gone.)
 
-    python bench/probes/cute_pair.py [--split | --fold]"""
+    python bench/probes/cute_pair.py [--split | --share]"""
 import json
 import sys
 
@@ -23,34 +25,38 @@ sys.path.insert(0, "bench/probes")
 from kernels.cute import fwd as CF  # noqa: E402
 from routed import routed_inputs  # noqa: E402
 
-# name -> (pair, exact stages, shared stages[, timing probe[, folded bias[, reciprocal epilogue]]])
+# name -> (pair, exact stages, shared stages[, timing probe[, shared exact pipeline]])
 BUILDS = {"one": (False, 4, 0), "p4": (True, 4, 4), "p3": (True, 4, 3), "p2": (True, 4, 2), "p3e3": (True, 3, 4)}
 if "--split" in sys.argv:  # where the virtual tiles' time goes: pieces removed one at a time (wrong outputs)
     BUILDS = {"one": (False, 4, 0), "one_novt": (False, 4, 0, "novt"), "p3": (True, 4, 3),
               "p3_novt": (True, 4, 3, "novt"), "p3_nobias": (True, 4, 3, "nobias"),
               "p3_asexact": (True, 4, 3, "asexact"), "p3_nohbar": (True, 4, 3, "nohbar")}
-SHAPES = [("wan14", 32760, 40, 0.125), ("wan14_720", 75600, 40, 0.125)]
-if "--fold" in sys.argv:  # the folded bias rows (PSA_CUTE_FOLD_BIAS, fwd_pair.fold_bias; its torch pass included)
-    # and the reciprocal epilogue (PSA_CUTE_RECIP_STORE); FLUX.1 1024^2 too, where the pair kernel is not the default
-    BUILDS = {"one": (False, 4, 0), "p3": (True, 4, 3), "p3fold": (True, 4, 3, "", True),
-              "p4fold": (True, 4, 4, "", True), "p3recip": (True, 4, 3, "", False, True),
-              "p3foldrecip": (True, 4, 3, "", True, True), "p3_nobias": (True, 4, 3, "nobias")}
-    SHAPES.append(("flux", 4608, 24, 0.2))
+SHAPES = [("wan14", 32760, 40, 0.125, None), ("wan14_720", 75600, 40, 0.125, None)]
+if "--share" in sys.argv:
+    BUILDS = {"one": (False, 4, 0), "p3": (True, 4, 3), "p3share": (True, 4, 3, "", True),
+              "one_novt": (False, 4, 0, "novt"), "p3_novt": (True, 4, 3, "novt"),
+              "p3share_novt": (True, 4, 3, "novt", True)}
+    SHAPES = [("wan14", 32760, 40, 0.125, None), ("wan14_ditlike", 32760, 40, 0.125, (21, 30, 52)),
+              ("wan14_720", 75600, 40, 0.125, None), ("wan14_720_ditlike", 75600, 40, 0.125, (21, 45, 80))]
 res = {}
-for name, T, H, density in SHAPES:
-    q, k, v, cp, cd, st, idx, vb = routed_inputs(T, H, density)
+for name, T, H, density, grid in SHAPES:
+    q, k, v, cp, cd, st, idx, vb = routed_inputs(T, H, density, grid)
     outs = {b: torch.empty_like(q) for b in BUILDS}
     od = torch.empty_like(q)
     d = res[name] = {}
+    a, b = idx[..., 0::2, :].long(), idx[..., 1::2, :].long()  # adjacent lists (ascending, -1 padded)
+    m = min(a.shape[-2], b.shape[-2])
+    a, b = a[..., :m, :], b[..., :m, :]
+    inter = ((a[..., :, None] == b[..., None, :]) & (a[..., :, None] >= 0)).any(-1).sum(-1).float()
+    d["adjacent_shared_fraction"] = float((inter / (a >= 0).sum(-1).clamp(min=1)).mean())
     d["drop_ms"] = triton.testing.do_bench(lambda: CF.attention(q, k, v, od, st, idx, None, cd), rep=400)
 
     def call(b):
         import os
-        pair, kv, vt, probe, fold, recip = BUILDS[b] + ("", False, False)[len(BUILDS[b]) - 3:]
+        pair, kv, vt, probe, share = BUILDS[b] + ("", False)[len(BUILDS[b]) - 3:]
         if vt:
             os.environ["PSA_CUTE_VT_STAGES"] = str(vt)
-        CF.attention(q, k, v, outs[b], st, idx, vb, cp, kv_stages=kv, pair=pair, probe=probe, fold=fold,
-                     recip=recip)
+        CF.attention(q, k, v, outs[b], st, idx, vb, cp, kv_stages=kv, pair=pair, probe=probe, share=share)
 
     for r in range(2):
         for b in BUILDS:
@@ -61,6 +67,9 @@ for name, T, H, density in SHAPES:
     for b in BUILDS:
         if f"pwt_{b}_error" not in d:
             d[f"{b}_maxdiff_vs_one"] = float((outs[b].float() - outs["one"].float()).abs().max())
+            if b.startswith("p3share"):  # the same tiles in the same order per query block: 0 expected
+                ref_b = b.replace("p3share", "p3")
+                d[f"{b}_maxdiff_vs_{ref_b}"] = float((outs[b].float() - outs[ref_b].float()).abs().max())
         ms = [d.get(f"pwt_{b}_r{r}_ms") for r in range(2)]
         if all(isinstance(m, float) for m in ms):
             d[f"{b}_virtual_ms"] = sum(ms) / 2 - d["drop_ms"]

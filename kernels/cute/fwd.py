@@ -97,14 +97,16 @@ OUT_PERM = False
 # 720p (1182 blocks) by 0.7-2.8 ms of ~37 (35.65 / 35.97 vs 38.46 / 37.04); across separate runs (pieces.py runs 15
 # and 17) the attention times match within their spread. Smaller problems (FLUX.1, 72 blocks) keep this kernel
 PAIR_MIN_BLOCKS = 512
-# the pair build's bias rows folded beforehand (fwd_pair.fold_bias: log2 units, token counts, padding; the kernel
-# then loads float32 values and skips the per-column conversion, compares and count multiply that the timing probes
-# put at 0.18 ms of 480p and 0.92 ms of 720p). PSA_CUTE_FOLD_BIAS=1/0 overrides. Not yet run on a GPU: off
-FOLD_BIAS = False
 # the pair build's epilogue multiplies by one reciprocal per row instead of dividing every element (each division a
 # check and a slow-path call in its SASS; both warpgroups end together there, so the epilogue is not hidden behind
-# another CTA). PSA_CUTE_RECIP_STORE=1/0 overrides. Not yet run on a GPU: off
-RECIP_STORE = False
+# another CTA). Measured 2026-12-01 (session 8, cute_pair.py --fold, alternated, two rounds): 480p 6.74 / 6.82 ms vs
+# 6.77 / 6.85, 720p 35.15 / 35.61 vs 35.44 / 35.76: a small win in all four pairings. PSA_CUTE_RECIP_STORE=1/0
+# overrides. (Folded bias rows, float32 log2-unit rows with the token counts added, measured no faster in the same
+# run, 6.78 / 6.99 and 35.44 / 36.14 ms with their torch pass, and were removed.)
+RECIP_STORE = True
+# the pair build with one exact-tile pipeline fed the union of its two query blocks' lists (fwd_pair.py, share): a
+# block that both lists hold is loaded once. PSA_CUTE_PAIR_SHARE=1/0 overrides. Not yet run on a GPU: off
+PAIR_SHARE = False
 PAIR_VT_STAGES = 3  # its shared virtual-tile stages (cute_pair.py, session 7: 3 fastest at 720p, 2-4 equal at 480p)
 
 
@@ -487,7 +489,7 @@ def out_perm_enabled() -> bool:
 
 def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None, q_rs: bool | None = None,
               bias_l2: bool | None = None, bias_pf: bool | None = None, perm: torch.Tensor | None = None,
-              pair: bool | None = None, probe: str = "", fold: bool | None = None, recip: bool | None = None):
+              pair: bool | None = None, probe: str = "", recip: bool | None = None, share: bool | None = None):
     """Fused forward on [B, HC, T, D] bf16 views (unit last stride, 16-byte aligned strides); same
     arguments and meaning as kernels.triton.fwd.attention, except that `perm` (int32 [T], the full Morton
     order: kernels.reorder.full_order) only moves the output rows (q, k, v are read in block order): row t of
@@ -524,15 +526,9 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
         n_vt, probe = 0, ("novt" if not pair else "")
     elif probe and not pair:
         raise ValueError("cute backend: timing probes run on the pair build only")
-    if fold is None:
-        fold = not probe and _env_flag("PSA_CUTE_FOLD_BIAS", FOLD_BIAS)
-    fold = pair and bool(fold) and n_vt > 0  # no virtual tiles: no bias read, the plain build
-    if fold:
-        from .fwd_pair import fold_bias
-
-        vb = fold_bias(vbias, T - (n - 1) * BS, n_vt * BS)
     recip = pair and (_env_flag("PSA_CUTE_RECIP_STORE", RECIP_STORE) if recip is None else bool(recip))
-    key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm, vt_stages, probe, fold, recip)
+    share = pair and (_env_flag("PSA_CUTE_PAIR_SHARE", PAIR_SHARE) if share is None else bool(share))
+    key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm, vt_stages, probe, recip, share)
     args = [_cute(x) for x in (q, k, v, out, kb, vm, hb)]
     args += [from_dlpack(vb.detach(), assumed_align=vb.element_size()).mark_layout_dynamic(leading_dim=3),
              from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3),
@@ -549,7 +545,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
                 if pair:
                     from .fwd_pair import PairFwdSm90
 
-                    kern = PairFwdSm90(stages, vt_stages, D, probe, fold, recip)
+                    kern = PairFwdSm90(stages, vt_stages, D, probe, recip, share)
                 else:
                     kern = PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2, bias_pf, out_perm)
                 fn = cute.compile(kern, *args, *scal, stream)
@@ -557,7 +553,8 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
                 _compile_seconds[str(key)] = dt
                 _compiled[key] = fn
                 log.info("piecewise_sparse_attention: cute kernel compiled for %s in %.1f s (once per process)",
-                         ("pisa/pwt, two query blocks per CTA" if pair else "pisa/pwt") if approx else "drop", dt)
+                         (("pisa/pwt, two query blocks per CTA" + (", shared exact tiles" if share else "")) if pair
+                          else "pisa/pwt") if approx else "drop", dt)
     _executor(fn, key, q.device)(*args, *scal, stream)
     return out
 

@@ -83,13 +83,16 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
     """pisa / pwt only; compile-time configuration: exact stages per consumer, shared virtual stages."""
 
     def __init__(self, kv_stages: int = KV_STAGES, vt_stages: int = VT_STAGES, head_dim: int = 128, probe: str = "",
-                 fold: bool = False, recip_store: bool = False):
+                 recip_store: bool = False, share: bool = False):
         super().__init__(True, kv_stages, head_dim, q_rs=True)
         self.recip_store = recip_store  # the epilogue multiplies by 1 / row sum (tile_ops._store_rows)
         self.vt_stages = vt_stages
-        # the bias rows come folded (fold_bias: float32, log2 units, log2 of the token counts added, -inf padding
-        # to whole tiles): a virtual tile's bias is loaded and used as it is, P needs no count multiply
-        self.fold = fold
+        # one exact-tile pipeline for both consumers, fed with the union of their two lists (a block both lists
+        # hold is loaded once; a consumer waits for and releases the tiles of the other list without using them)
+        self.share = share
+        # a consumer holds its last V tile while it passes over tiles of the other list; past this many it first
+        # finishes that P V (an exact pipeline of 2 x kv_stages slots then never waits for a slot it holds)
+        self.gap_max = kv_stages - 1
         # timing probes only (bench/probes/cute_pair.py --split; wrong outputs): "nobias" (virtual tiles without
         # their bias / count loads), "asexact" (virtual tiles through the exact tiles' softmax, no bias),
         # "nohbar" (the first-order GEMM skipped, its tiles still waited for)
@@ -132,10 +135,7 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
         """Issue the raw float16 loads of virtual tile t's bias (one per column slot): converted one step later
         by _bias_use, so they stay in flight through a whole tile step instead of one S GEMM (what the bias loads
         cost fwd.py: 0.29 ms at 480p, 1.16 ms at 720p, bench/probes/cute_pair.py --split)."""
-        if cutlass.const_expr(self.fold):  # padded to whole tiles: every address is in the row
-            for c in cutlass.range_constexpr(cute.size(bias_h)):
-                bias_h[c] = vrow[t * BS + tScS[(c % 2) + 4 * (c // 2)][1]]
-        elif cutlass.const_expr(self.probe not in ("nobias", "asexact")):
+        if cutlass.const_expr(self.probe not in ("nobias", "asexact")):
             # past the end: the last block's value (a valid address, no branch), replaced by -inf in _bias_use
             for c in cutlass.range_constexpr(cute.size(bias_h)):
                 bias_h[c] = vrow[cutlass.min(t * BS + tScS[(c % 2) + 4 * (c // 2)][1], n_kv - 1)]
@@ -143,35 +143,51 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
     @cute.jit
     def _bias_use(self, bias, cnt, bias_h, tScS, t, n_kv, n_last):
         """tile_ops._load_bias's values from the fetched registers: the bias in log2 units (-inf past the end;
-        an exact block's -inf is in the row) and the block's real token count; folded: the values as loaded."""
-        if cutlass.const_expr(self.fold):
-            for c in cutlass.range_constexpr(cute.size(bias)):
-                bias[c] = bias_h[c]
-        else:
-            for c in cutlass.range_constexpr(cute.size(bias)):
-                jj = t * BS + tScS[(c % 2) + 4 * (c // 2)][1]
-                b = -cutlass.Float32.inf
-                n = cutlass.Float32(BS)
-                if jj < n_kv:
-                    if cutlass.const_expr(self.probe in ("nobias", "asexact")):
-                        b = cutlass.Float32(0.0)
-                    else:
-                        b = bias_h[c].to(cutlass.Float32) * LOG2E
-                    if jj == n_kv - 1:
-                        n = n_last
-                bias[c] = b
-                cnt[c] = n
+        an exact block's -inf is in the row) and the block's real token count."""
+        for c in cutlass.range_constexpr(cute.size(bias)):
+            jj = t * BS + tScS[(c % 2) + 4 * (c // 2)][1]
+            b = -cutlass.Float32.inf
+            n = cutlass.Float32(BS)
+            if jj < n_kv:
+                if cutlass.const_expr(self.probe in ("nobias", "asexact")):
+                    b = cutlass.Float32(0.0)
+                else:
+                    b = bias_h[c].to(cutlass.Float32) * LOG2E
+                if jj == n_kv - 1:
+                    n = n_last
+            bias[c] = b
+            cnt[c] = n
 
     @cute.jit
-    def _g_fix(self, acc_s, row_g, tScS, t, n_kv, gfix):
-        """folded: virtual tile t's P carries each block's count, and the first-order weight gathers it divided by
-        64 at the end; the partial last block (n_last < 64 tokens) then gets P (64 / n_last - 1) more, added by
-        the thread holding that column (gfix = 64 / n_last - 1; 0 when the last block is full)."""
-        if cutlass.const_expr(self.fold):
-            if (n_kv - 1) // BS == t:
-                for e in cutlass.range_constexpr(cute.size(acc_s)):
-                    if t * BS + tScS[e][1] == n_kv - 1:
-                        row_g[self._row_slot_e(e)] = row_g[self._row_slot_e(e)] + acc_s[e] * gfix
+    def _head(self, mIdx, i_b, i_h, i_q, j, n, n_kv):
+        """Entry j of query block i_q's list of n routed blocks; n_kv (after every block) past its end."""
+        v = mIdx[i_b, i_h, i_q, cutlass.max(cutlass.min(j, n - 1), 0)]
+        if j >= n:
+            v = n_kv
+        return v
+
+    @cute.jit
+    def _gap(self, mIdx, i_b, i_h, i_o, jo, n_o, n_kv, a):
+        """share: (g, jo') = the union tiles before block a that only the other list (i_o's, n_o entries, cursor
+        jo) holds, and that list's cursor past a (both lists ascend, so the union is their sorted merge)."""
+        g = cutlass.Int32(0)
+        vo = self._head(mIdx, i_b, i_h, i_o, jo, n_o, n_kv)
+        while vo < a:
+            g = g + 1
+            jo = jo + 1
+            vo = self._head(mIdx, i_b, i_h, i_o, jo, n_o, n_kv)
+        if vo == a:
+            jo = jo + 1
+        return g, jo
+
+    @cute.jit
+    def _pass(self, kv_cons, g):
+        """share: wait for and release the K and V tiles of g union blocks that the other list alone holds."""
+        for _ in cutlass.range(g, unroll=1):
+            h = kv_cons.wait_and_advance()
+            h.release()
+            h = kv_cons.wait_and_advance()
+            h.release()
 
     # ------------------------------------------------------------------ device side
     @cute.kernel
@@ -199,9 +215,15 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
         q_pipes = [pipeline.PipelineTmaAsync.create(
             barrier_storage=st.q_bar.data_ptr() + 2 * c, num_stages=1, producer_group=one,
             consumer_group=wg_warps, tx_count=self.q_bytes, defer_sync=True) for c in range(2)]
-        kv_pipes = [pipeline.PipelineTmaAsync.create(
-            barrier_storage=st.kv_bar.data_ptr() + 2 * S * c, num_stages=S, producer_group=one,
-            consumer_group=wg_warps, tx_count=self.kv_bytes, defer_sync=True) for c in range(2)]
+        if cutlass.const_expr(self.share):  # one pipeline of 2 S stages that all 8 consumer warps release
+            kv_pipes = [pipeline.PipelineTmaAsync.create(
+                barrier_storage=st.kv_bar.data_ptr(), num_stages=2 * S, producer_group=one,
+                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8), tx_count=self.kv_bytes,
+                defer_sync=True)]
+        else:
+            kv_pipes = [pipeline.PipelineTmaAsync.create(
+                barrier_storage=st.kv_bar.data_ptr() + 2 * S * c, num_stages=S, producer_group=one,
+                consumer_group=wg_warps, tx_count=self.kv_bytes, defer_sync=True) for c in range(2)]
         vp_pipe = pipeline.PipelineTmaAsync.create(
             barrier_storage=st.vp_bar.data_ptr(), num_stages=self.vt_stages, producer_group=one,
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8), tx_count=self.kv_bytes,
@@ -219,7 +241,39 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
         hb = (i_h, i_b)
         if wg == 0:
             cute.arch.setmaxregister_decrease(self.regs_producer)
-            for c in cutlass.range_constexpr(2):
+            if cutlass.const_expr(self.share):
+                if warp == 0:  # both query tiles, then the union of the two lists in ascending block order
+                    tQs, tQg = self._tma_part(tma_q, sQ, gQt, BS, self.d)
+                    tKs, tKg = self._tma_part(tma_k, sK, gKt, BS, self.d)
+                    tVs, tVg = self._tma_part(tma_v, sV, gVt, self.d, BS)
+                    i_a = cutlass.min(2 * i_p, n_kv - 1)
+                    i_o = cutlass.min(2 * i_p + 1, n_kv - 1)
+                    for c in cutlass.range_constexpr(2):
+                        q_prod, _ = q_pipes[c].make_participants()
+                        h = q_prod.acquire_and_advance()
+                        cute.copy(tma_q, tQg[(None, i_o if c else i_a, 0, hb)], tQs[(None, c)],
+                                  tma_bar_ptr=h.barrier)
+                    kv_prod, _ = kv_pipes[0].make_participants()
+                    n_a, _ = self._list_scan(mIdx, i_b, i_h, i_a, n_sel, n_kv, BS)
+                    n_o, _ = self._list_scan(mIdx, i_b, i_h, i_o, n_sel, n_kv, BS)
+                    ja = cutlass.Int32(0)
+                    jo = cutlass.Int32(0)
+                    va = self._head(mIdx, i_b, i_h, i_a, ja, n_a, n_kv)
+                    vo = self._head(mIdx, i_b, i_h, i_o, jo, n_o, n_kv)
+                    j = cutlass.min(va, vo)
+                    while j < n_kv:
+                        h = kv_prod.acquire_and_advance()
+                        cute.copy(tma_k, tKg[(None, j, 0, hb)], tKs[(None, h.index)], tma_bar_ptr=h.barrier)
+                        h = kv_prod.acquire_and_advance()
+                        cute.copy(tma_v, tVg[(None, 0, j, hb)], tVs[(None, h.index)], tma_bar_ptr=h.barrier)
+                        if va == j:
+                            ja = ja + 1
+                            va = self._head(mIdx, i_b, i_h, i_a, ja, n_a, n_kv)
+                        if vo == j:
+                            jo = jo + 1
+                            vo = self._head(mIdx, i_b, i_h, i_o, jo, n_o, n_kv)
+                        j = cutlass.min(va, vo)
+            for c in cutlass.range_constexpr(0 if self.share else 2):
                 if warp == c:
                     # query block 2p + c (an odd last block: both warps load the last one)
                     i_q = cutlass.Int32(2 * i_p + c)
@@ -264,9 +318,13 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
             if i_q >= n_kv:
                 i_q = n_kv - 1
             _, q_cons = _pipe_view(q_pipes[0], 2 * c).make_participants()
-            _, kv_cons = _pipe_view(kv_pipes[0], 2 * S * c).make_participants()
+            if cutlass.const_expr(self.share):
+                _, kv_cons = kv_pipes[0].make_participants()
+                koff = 0
+            else:
+                _, kv_cons = _pipe_view(kv_pipes[0], 2 * S * c).make_participants()
+                koff = c * S  # this consumer's first stage in sK / sV
             _, vp_cons = vp_pipe.make_participants()
-            koff = c * S  # this consumer's first stage in sK / sV
             qk_mma.set(warpgroup.Field.ACCUMULATE, True)
             pv_mma.set(warpgroup.Field.ACCUMULATE, True)
             qh_mma.set(warpgroup.Field.ACCUMULATE, True)
@@ -300,7 +358,6 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
             tOrP = cute.make_rmem_tensor(pv_thr.partition_shape_A(self.pv_tiler[::2]), mO.element_type)
             n_valid, kk_tail = self._list_scan(mIdx, i_b, i_h, i_q, n_sel, n_kv, rem)  # list length, partial block
             n_last = cutlass.Float32(rem)
-            gfix = cutlass.Float32(BS) / n_last - 1.0
             n_tiles = n_valid + n_vt
             n_cols = cute.size(acc_s) // n_rows
             bias = cute.make_rmem_tensor(cute.make_layout(n_cols), cutlass.Float32)
@@ -311,13 +368,27 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
             vrow = mVB[i_b, i_h, i_q, None]  # this query block's bias row
             if n_vt > 0:  # virtual tile 0's bias, in flight through the exact loop
                 self._bias_fetch(bias_h, vrow, tScS, 0, n_kv)
+            if cutlass.const_expr(self.share):
+                g = cutlass.Int32(0)  # union tiles of the other list alone before the next own tile
+                jo = cutlass.Int32(0)  # the other list's cursor
+                i_o = cutlass.min(2 * i_p + 1 - c, n_kv - 1)  # the other warpgroup's query block
+                n_o, _ = self._list_scan(mIdx, i_b, i_h, i_o, n_sel, n_kv, BS)
+                if n_valid == 0:  # every union tile is the other list's
+                    self._pass(kv_cons, n_o)
+                    jo = n_o
             # fwd.py's software-pipelined loop, split where the tiles change pipelines: exact tiles (own
             # stages), the boundary step (V of the last exact tile, the first k-bar tile), virtual tiles
             # (shared stages), the last P V
             if n_tiles > 0:
                 if n_valid > 0:
+                    if cutlass.const_expr(self.share):
+                        g, jo = self._gap(mIdx, i_b, i_h, i_o, jo, n_o, n_kv, mIdx[i_b, i_h, i_q, 0])
+                        self._pass(kv_cons, g)
                     kh0 = kv_cons.wait_and_advance()
                     self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, koff + kh0.index)])
+                    if cutlass.const_expr(self.share):  # the next own tile's gap, while the S GEMM runs
+                        if 1 < n_valid:
+                            g, jo = self._gap(mIdx, i_b, i_h, i_o, jo, n_o, n_kv, mIdx[i_b, i_h, i_q, 1])
                     warpgroup.wait_group(0)
                     kh0.release()
                 else:
@@ -329,21 +400,40 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
                     warpgroup.wait_group(0)
                     kp0.release()
                 self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
-                                   n_valid == 0, kk_tail == 0, rem, True, self.fold)
-                if n_valid == 0:
-                    self._g_fix(acc_s, row_g, tScS, 0, n_kv, gfix)
+                                   n_valid == 0, kk_tail == 0, rem, True)
                 self._to_p(acc_s, tOrP)
                 for u in cutlass.range(1, n_valid, unroll=1):
                     vh = kv_cons.wait_and_advance()
+                    if cutlass.const_expr(self.share):
+                        g_now = g
+                        if g_now > self.gap_max:  # a long gap: this P V first, so that V's slot is free
+                            self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, vh.index)])
+                            warpgroup.wait_group(0)
+                            vh.release()
+                        self._pass(kv_cons, g_now)
                     kh = kv_cons.wait_and_advance()
                     self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, koff + kh.index)])
-                    self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, koff + vh.index)])
-                    warpgroup.wait_group(1)
+                    if cutlass.const_expr(self.share):
+                        if g_now <= self.gap_max:
+                            self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, vh.index)])
+                        if u + 1 < n_valid:  # the next own tile's gap, while the GEMMs run
+                            g, jo = self._gap(mIdx, i_b, i_h, i_o, jo, n_o, n_kv, mIdx[i_b, i_h, i_q, u + 1])
+                        if g_now <= self.gap_max:
+                            warpgroup.wait_group(1)
+                        else:
+                            warpgroup.wait_group(0)
+                    else:
+                        self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, koff + vh.index)])
+                        warpgroup.wait_group(1)
                     kh.release()
                     self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
                                        False, kk_tail == u, rem, False)
                     warpgroup.wait_group(0)
-                    vh.release()
+                    if cutlass.const_expr(self.share):
+                        if g_now <= self.gap_max:
+                            vh.release()
+                    else:
+                        vh.release()
                     self._rescale_o(acc_o, alpha)
                     self._to_p(acc_s, tOrP)
                 if n_vt > 0:
@@ -358,12 +448,13 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
                         warpgroup.wait_group(1)
                         kh.release()
                         self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt,
-                                           tScS, self.probe != "asexact", False, rem, False, self.fold)
-                        self._g_fix(acc_s, row_g, tScS, 0, n_kv, gfix)
+                                           tScS, self.probe != "asexact", False, rem, False)
                         warpgroup.wait_group(0)
                         vh.release()
                         self._rescale_o(acc_o, alpha)
                         self._to_p(acc_s, tOrP)
+                        if cutlass.const_expr(self.share):  # the other list's tiles after this one's last
+                            self._pass(kv_cons, n_o - jo)
                     for u in cutlass.range(n_valid + 1, n_tiles, unroll=1):
                         vh = vp_cons.wait_and_advance()
                         kh = vp_cons.wait_and_advance()
@@ -376,8 +467,7 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
                         warpgroup.wait_group(1)
                         kh.release()
                         self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt,
-                                           tScS, self.probe != "asexact", False, rem, False, self.fold)
-                        self._g_fix(acc_s, row_g, tScS, tv, n_kv, gfix)
+                                           tScS, self.probe != "asexact", False, rem, False)
                         warpgroup.wait_group(0)
                         vh.release()
                         self._rescale_o(acc_o, alpha)
@@ -391,6 +481,8 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
                     self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, koff + vhl.index)])
                     warpgroup.wait_group(0)
                     vhl.release()
+                    if cutlass.const_expr(self.share):
+                        self._pass(kv_cons, n_o - jo)
             if n_vt > 0:
                 # first-order term: acc += s (q H-bar) * g (fwd.py), H-bar from the shared stages
                 qh_thr = qh_mma.get_slice(ctid)
@@ -406,31 +498,10 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
                     acc_h.fill(0.0)
                 for t in cutlass.range_constexpr(self.d // BS):
                     hhs[t].release()
-                # folded rows: the first-order weight gathered 64 e(s-hat) per full block
-                self._add_first_order(acc_o, acc_h, row_g, scale * (1.0 / BS) if cutlass.const_expr(self.fold)
-                                      else scale)
+                self._add_first_order(acc_o, acc_h, row_g, scale)
             for r in cutlass.range_constexpr(n_rows):
                 row_sum[r] = self._quad_sum(row_sum[r])
             if i_own < n_kv:
                 self._store_rows(mO, acc_o, row_sum, tOcO, i_q, T, hb, self.recip_store)
         return
 
-
-def fold_bias(vbias, n_last: int, width: int):
-    """The bias rows the folded build reads: float32 [B, H, N, width] (width = the virtual tiles' columns, a
-    multiple of 64), vbias (float16, natural-log units, -inf for exact blocks) in log2 units plus log2 of each KV
-    block's token count (64, n_last for the last one), -inf past N. Three passes over the rows in torch
-    (by arithmetic 0.02 ms of HBM traffic at Wan2.1-14B 480p, 0.1 ms at 720p; not yet timed)."""
-    import math
-
-    import torch
-
-    B, H, N, _ = vbias.shape
-    out = torch.empty(B, H, N, width, device=vbias.device, dtype=torch.float32)
-    out[..., N:].fill_(float("-inf"))
-    body = out[..., :N]
-    body.copy_(vbias)
-    body.mul_(1.4426950408889634).add_(math.log2(BS))
-    if n_last != BS:
-        body[..., N - 1].add_(math.log2(n_last) - math.log2(BS))
-    return out

@@ -124,16 +124,15 @@ class TileOps:
 
     @cute.jit
     def _softmax_tile(self, acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, is_virtual,
-                      is_tail, rem, rescale_o: cutlass.Constexpr, folded: cutlass.Constexpr = False):
+                      is_tail, rem, rescale_o: cutlass.Constexpr):
         """The online softmax of one tile: an exact tile (partial last block masked) or, for pisa/pwt, a
         virtual one (logits scaled into log2 units, the per-column bias added, P weighted by the token
-        counts; folded: the bias already holds log2 of the counts, fwd_pair.fold_bias)."""
+        counts)."""
         if cutlass.const_expr(self.approx):
             if is_virtual:
                 for e in cutlass.range_constexpr(cute.size(acc_s)):
                     acc_s[e] = acc_s[e] * scale_log2 + bias[self._col_slot_e(e)]
-                self._online_softmax(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, True, cnt, alpha, rescale_o,
-                                     folded)
+                self._online_softmax(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, True, cnt, alpha, rescale_o)
             else:
                 self._mask_tail(acc_s, tScS, is_tail, rem)
                 self._online_softmax(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, False, None, alpha,
@@ -169,13 +168,11 @@ class TileOps:
 
     @cute.jit
     def _online_softmax(self, acc_s, acc_o, row_max, row_sum, row_g, scale_log2, virtual: cutlass.Constexpr,
-                        cnt, alpha, rescale_o: cutlass.Constexpr, folded: cutlass.Constexpr = False):
+                        cnt, alpha, rescale_o: cutlass.Constexpr):
         """acc_s holds raw scores (exact tile) or log2-unit logits (virtual tile); on return it holds P (times
         the token counts for virtual tiles: cnt, per column slot) and `alpha` the per-row rescale of the old
         mass. Rescales the running sums now, and the output accumulator now or (rescale_o=False: a P V product
-        still in flight on the tensor cores) later through `_rescale_o`. folded (virtual tiles whose logits
-        carry log2 of the token counts): P is used as it is, and the first-order weight row_g gathers the same
-        sum (64 times e(s-hat) for every full block; the caller divides by 64 and corrects the last block)."""
+        still in flight on the tensor cores) later through `_rescale_o`."""
         n_rows = 2
         new_max = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
         for r in cutlass.range_constexpr(n_rows):
@@ -214,10 +211,6 @@ class TileOps:
                 p = cute.math.exp2(acc_s[e] * scale_log2 - new_max[r], fastmath=True)
                 psum[r] = psum[r] + p
                 acc_s[e] = p
-            elif cutlass.const_expr(folded):
-                p = cute.math.exp2(acc_s[e] - new_max[r], fastmath=True)
-                psum[r] = psum[r] + p
-                acc_s[e] = p
             else:
                 p = cute.math.exp2(acc_s[e] - new_max[r], fastmath=True)
                 gsum[r] = gsum[r] + p
@@ -226,9 +219,7 @@ class TileOps:
                 acc_s[e] = pn
         for r in cutlass.range_constexpr(n_rows):
             row_sum[r] = row_sum[r] * alpha[r] + psum[r]
-            if cutlass.const_expr(virtual and folded):
-                row_g[r] = row_g[r] * alpha[r] + psum[r]
-            elif cutlass.const_expr(virtual):
+            if cutlass.const_expr(virtual):
                 row_g[r] = row_g[r] * alpha[r] + gsum[r]
             else:
                 row_g[r] = row_g[r] * alpha[r]
