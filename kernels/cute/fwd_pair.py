@@ -6,8 +6,8 @@ value-mean tiles (all N block means), 256 KB per query block at Wan2.1-14B 480p,
 streams them again. Here a CTA holds two adjacent query blocks, one consumer warpgroup each, and the virtual
 tiles (and the two H-bar tiles) come through one pipeline that both consume: that stream halves, with no
 condition on the inputs. The exact tiles keep one pipeline per consumer, loaded by its own producer warp, so
-the exact part is the same per-query-block stream as fwd.py (each warpgroup's tiles are its own list; sharing
-common exact tiles is the next step on this structure).
+the exact part is the same per-query-block stream as fwd.py; or (share=True, PSA_CUTE_PAIR_SHARE) one pipeline
+of 2 x kv_stages slots over the union of the two lists, so a block both hold is loaded once (see below).
 
 CTA = 3 warpgroups (384 threads, one per SM, 208 KiB of shared memory at 4 exact stages per consumer + 3 shared):
   * warpgroup 0 (24 registers): warp 0 loads Q and the routed K/V tiles of query block 2p, warp 1 those of
@@ -22,6 +22,16 @@ blocks is kept. A warpgroup that reaches its virtual tiles early waits for the o
 shared pipeline is full (both lists have the routing budget's length, so their exact loops end together).
 Exact only (drop), the per-row Morton output permutation and the bias-load experiments stay in fwd.py.
 
+share=True: warp 0 loads both query tiles, then walks the sorted merge of the two ascending lists, one K and one V
+tile per union block, into slots that all 8 consumer warps release. Each consumer walks the same merge (_gap: how
+many blocks only the other list holds before its next own one) and waits for and releases those tiles unused
+(_pass). Across such a gap it keeps holding its last V tile (its P V still to come, the FlashAttention-3 overlap
+kept) up to gap_max = kv_stages - 1 tiles; past that it finishes that P V first, since the producer would
+otherwise wait for the held slot. A consumer passes over the other list's last tiles right after its boundary step,
+before it can wait on the shared virtual pipeline. tests/test_pair_share_schedule.py runs this protocol as a model
+under random interleavings (no deadlock; a one-tile-longer hold or the tail pass after the virtual tiles deadlocks
+there); each own tile is computed in the same order as with own pipelines, so the outputs are equal.
+
 Measured on the H200 (2026-12-01, bench/probes/cute_pair.py, attention alone on precomputed routing, pwt d 0.125,
 random inputs, two rounds; raw output bench/results/cute_pair_s7_h200.txt):
   * Wan2.1-14B 480p: 6.83 / 7.04 ms vs fwd.py's 6.87 / 7.28; 720p 35.65 / 35.97 vs 38.46 / 37.04 (alternated in
@@ -32,11 +42,13 @@ random inputs, two rounds; raw output bench/results/cute_pair_s7_h200.txt):
     not profiled).
   * Where the virtual time goes (timing probes, `probe=`): the bias handling costs 0.18 ms at 480p and 0.92 ms
     at 720p with the one-step-ahead fetch (0.29 / 1.16 ms when loaded at each tile); the first-order GEMM
-    ~0.06 ms. fold=True (fold_bias) removes the per-column conversion, compares and count multiply: the virtual
-    loop's SASS goes from 631 to 454 instructions per iteration; not yet run on a GPU (PSA_CUTE_FOLD_BIAS, off).
+    ~0.06 ms. Folded bias rows (float32, log2 units, the token counts added: the virtual loop's SASS 631 -> 454
+    instructions per iteration) measured no faster in session 8 (cute_pair_s8_h200.txt) and were removed.
     recip_store=True: the epilogue multiplies by one reciprocal per row (its 64 IEEE divisions per thread are a
-    check and a slow-path call each in the SASS, and here both warpgroups' epilogues are exposed at once); not
-    yet run on a GPU either (PSA_CUTE_RECIP_STORE, off).
+    check and a slow-path call each in the SASS, and here both warpgroups' epilogues are exposed at once):
+    session 8, faster in all four pairings (480p 6.74 / 6.82 vs 6.77 / 6.85 ms, 720p 35.15 / 35.61 vs 35.44 /
+    35.76), the default (fwd.RECIP_STORE).
+  * share=True: compiled for sm_90a (168 registers, no spills, wgmma kept asynchronous), not yet run on a GPU.
   * Tried and not kept, both with the consumer inside a loop over work items: a persistent grid (one CTA per SM,
     items round-robin) ran the exact part 0.55 ms slower at 480p (6.55 vs 6.00 ms without virtual tiles) and
     3.5 ms at 720p; CTAs of 1, 2 or 4 adjacent pairs were slower even at one (7.96 / 8.06 ms pwt at 480p). In the
@@ -405,34 +417,44 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
                 for u in cutlass.range(1, n_valid, unroll=1):
                     vh = kv_cons.wait_and_advance()
                     if cutlass.const_expr(self.share):
+                        # two whole steps, so that every wgmma group ends inside its branch (ptxas serialises
+                        # every wgmma of the kernel when a path could read an accumulator still in flight)
                         g_now = g
                         if g_now > self.gap_max:  # a long gap: this P V first, so that V's slot is free
                             self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, vh.index)])
                             warpgroup.wait_group(0)
                             vh.release()
-                        self._pass(kv_cons, g_now)
-                    kh = kv_cons.wait_and_advance()
-                    self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, koff + kh.index)])
-                    if cutlass.const_expr(self.share):
-                        if g_now <= self.gap_max:
-                            self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, vh.index)])
-                        if u + 1 < n_valid:  # the next own tile's gap, while the GEMMs run
-                            g, jo = self._gap(mIdx, i_b, i_h, i_o, jo, n_o, n_kv, mIdx[i_b, i_h, i_q, u + 1])
-                        if g_now <= self.gap_max:
-                            warpgroup.wait_group(1)
-                        else:
+                            self._pass(kv_cons, g_now)
+                            kh = kv_cons.wait_and_advance()
+                            self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, kh.index)])
+                            if u + 1 < n_valid:  # the next own tile's gap, while the S GEMM runs
+                                g, jo = self._gap(mIdx, i_b, i_h, i_o, jo, n_o, n_kv, mIdx[i_b, i_h, i_q, u + 1])
                             warpgroup.wait_group(0)
-                    else:
-                        self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, koff + vh.index)])
-                        warpgroup.wait_group(1)
-                    kh.release()
-                    self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
-                                       False, kk_tail == u, rem, False)
-                    warpgroup.wait_group(0)
-                    if cutlass.const_expr(self.share):
-                        if g_now <= self.gap_max:
+                            kh.release()
+                            self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt,
+                                               tScS, False, kk_tail == u, rem, False)
+                        else:
+                            self._pass(kv_cons, g_now)
+                            kh = kv_cons.wait_and_advance()
+                            self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, kh.index)])
+                            self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, vh.index)])
+                            if u + 1 < n_valid:  # the next own tile's gap, while the GEMMs run
+                                g, jo = self._gap(mIdx, i_b, i_h, i_o, jo, n_o, n_kv, mIdx[i_b, i_h, i_q, u + 1])
+                            warpgroup.wait_group(1)
+                            kh.release()
+                            self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt,
+                                               tScS, False, kk_tail == u, rem, False)
+                            warpgroup.wait_group(0)
                             vh.release()
                     else:
+                        kh = kv_cons.wait_and_advance()
+                        self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, koff + kh.index)])
+                        self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, koff + vh.index)])
+                        warpgroup.wait_group(1)
+                        kh.release()
+                        self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt,
+                                           tScS, False, kk_tail == u, rem, False)
+                        warpgroup.wait_group(0)
                         vh.release()
                     self._rescale_o(acc_o, alpha)
                     self._to_p(acc_s, tOrP)

@@ -1,0 +1,215 @@
+"""The shared exact pipeline of kernels/cute/fwd_pair.py (share=True) as a protocol, on CPU: one producer fills the
+union of two ascending block lists into 2 S slots (K then V per block), each consumer waits for and releases every
+union slot, computes only its own blocks, and holds its last V slot across a gap of at most gap_max = S - 1 blocks
+of the other list (longer gaps: that P V first). The virtual-token pipeline (k-bar / value-mean tiles, then the two
+H-bar tiles) is shared by both consumers too, and a consumer passes over the other list's last blocks right after
+its boundary step (before it can block on that pipeline).
+
+This models the kernel's order of waits and releases (it must change with fwd_pair.py's share branch) and runs it
+under random interleavings: no deadlock, every consumer computes exactly its own blocks in ascending order, every
+slot is released by both before it is filled again. A rule that breaks the protocol (a hold-over limit one past
+gap_max, or the tail pass after the virtual tiles) deadlocks here, so the model can fail. CPU only; the kernel
+itself is tested on the GPU in test_cute_pair_gpu.py."""
+import random
+
+import pytest
+
+S = 4  # fwd_pair.KV_STAGES: exact slots per consumer, 2 S in the shared pipeline
+VT = 3  # fwd.PAIR_VT_STAGES
+
+
+def _gap(own_b, other, jo):
+    g = 0
+    while jo < len(other) and other[jo] < own_b:
+        g, jo = g + 1, jo + 1
+    if jo < len(other) and other[jo] == own_b:
+        jo += 1
+    return g, jo
+
+
+def _consumer(own, other, n_vt, gap_max, tail_early=True):
+    """The kernel's sequence for one consumer warpgroup: ("w"|"r", pipe, position) and ("use", block)."""
+    kv = iter(range(10 ** 6))  # this consumer's next exact position (its pipeline state)
+    vp = iter(range(10 ** 6))
+
+    def pass_(g):
+        for _ in range(g):
+            for _ in range(2):
+                p = next(kv)
+                yield ("w", "kv", p)
+                yield ("r", "kv", p)
+
+    jo = 0
+    if not own:
+        yield from pass_(len(other))
+        jo = len(other)
+    if own:
+        g, jo = _gap(own[0], other, jo)
+        yield from pass_(g)
+        k0 = next(kv)
+        yield ("w", "kv", k0)
+        yield ("use", own[0])
+        yield ("r", "kv", k0)
+        if len(own) > 1:
+            g, jo = _gap(own[1], other, jo)
+        for u in range(1, len(own)):
+            vh = next(kv)
+            yield ("w", "kv", vh)
+            g_now = g
+            if g_now > gap_max:
+                yield ("r", "kv", vh)  # P V of the previous block first
+            yield from pass_(g_now)
+            kh = next(kv)
+            yield ("w", "kv", kh)
+            yield ("use", own[u])
+            if u + 1 < len(own):
+                g, jo = _gap(own[u + 1], other, jo)
+            yield ("r", "kv", kh)
+            if g_now <= gap_max:
+                yield ("r", "kv", vh)
+    if n_vt > 0:
+        if own:  # the boundary step: V of the last exact block, the first k-bar tile
+            vh, kh = next(kv), next(vp)
+            yield ("w", "kv", vh)
+            yield ("w", "vp", kh)
+            yield ("r", "vp", kh)
+            yield ("r", "kv", vh)
+            if tail_early:
+                yield from pass_(len(other) - jo)
+        else:
+            kh = next(vp)
+            yield ("w", "vp", kh)
+            yield ("r", "vp", kh)
+        for _ in range(1, n_vt):
+            vh, kh = next(vp), next(vp)
+            yield ("w", "vp", vh)
+            yield ("w", "vp", kh)
+            yield ("r", "vp", kh)
+            yield ("r", "vp", vh)
+        last = next(vp)
+        yield ("w", "vp", last)
+        yield ("r", "vp", last)
+        hs = [next(vp), next(vp)]
+        for p in hs:
+            yield ("w", "vp", p)
+        for p in hs:
+            yield ("r", "vp", p)
+        if own and not tail_early:
+            yield from pass_(len(other) - jo)
+    elif own:
+        vh = next(kv)
+        yield ("w", "kv", vh)
+        yield ("r", "kv", vh)
+        yield from pass_(len(other) - jo)
+
+
+def _simulate(a, b, n_vt, gap_max, seed, tail_early=True):
+    """Runs the producer and both consumers in a random interleaving; returns the blocks each consumer used, or
+    raises AssertionError on a deadlock or a protocol violation."""
+    union = sorted(set(a) | set(b))
+    kv_total, vp_total = 2 * len(union), (2 * n_vt + 2 if n_vt else 0)
+    slots = {"kv": 2 * S, "vp": VT}
+    filled = {"kv": 0, "vp": 0}  # positions the producer has filled
+    released = {p: [set(), set()] for p in ("kv", "vp")}  # per consumer, positions released
+    cons = [_consumer(a, b, n_vt, gap_max, tail_early), _consumer(b, a, n_vt, gap_max, tail_early)]
+    pending = [next(c, None) for c in cons]
+    used = [[], []]
+    rng = random.Random(seed)
+
+    def can_fill(pipe):
+        p = filled[pipe]
+        total = kv_total if pipe == "kv" else vp_total
+        if p >= total:
+            return False
+        old = p - slots[pipe]
+        return old < 0 or all(old in released[pipe][c] for c in range(2))
+
+    while True:
+        moves = [("prod", pipe) for pipe in ("kv", "vp") if can_fill(pipe)]
+        for c in range(2):
+            op = pending[c]
+            if op is None:
+                continue
+            if op[0] == "w" and op[2] >= filled[op[1]]:
+                continue  # its slot is not filled yet
+            moves.append(("cons", c))
+        if not moves:
+            break
+        kind, x = rng.choice(moves)
+        if kind == "prod":
+            filled[x] += 1
+            continue
+        op = pending[x]
+        if op[0] == "r":
+            assert op[2] not in released[op[1]][x], f"consumer {x} released {op} twice"
+            released[op[1]][x].add(op[2])
+        elif op[0] == "use":
+            used[x].append(op[1])
+        pending[x] = next(cons[x], None)
+    assert pending == [None, None], f"deadlock: consumers waiting at {pending}, filled {filled}"
+    for pipe, total in (("kv", kv_total), ("vp", vp_total)):
+        assert filled[pipe] == total
+        for c in range(2):
+            assert released[pipe][c] == set(range(total)), f"consumer {c} left {pipe} slots unreleased"
+    return used
+
+
+def _lists(rng, n, k, overlap):
+    a = sorted(rng.sample(range(n), k))
+    keep = [x for x in a if rng.random() < overlap]
+    rest = [x for x in range(n) if x not in a]
+    b = sorted(keep + rng.sample(rest, k - len(keep)))
+    return a, b
+
+
+CASES = {
+    "disjoint": (list(range(0, 6)), list(range(10, 16))),
+    "identical": ([0, 3, 7, 15], [0, 3, 7, 15]),
+    "gap_3_then_4": ([0, 4, 9], [1, 2, 3, 5, 6, 7, 8]),
+    "long_gap": ([0, 8, 9], list(range(1, 8))),
+    "interleaved": (list(range(0, 16, 2)), list(range(1, 16, 2))),
+    "one_list_empty": (list(range(0, 8)), []),
+    "both_empty": ([], []),
+    "one_block_each": ([5], [9]),
+}
+
+
+# no virtual tiles only at density 1, where both lists hold every block
+@pytest.mark.parametrize("case,n_vt", [(c, n) for c in sorted(CASES) for n in (1, 3)]
+                         + [(c, 0) for c in sorted(CASES) if CASES[c][0] == CASES[c][1]])
+def test_share_protocol_crafted_lists(case, n_vt):
+    a, b = CASES[case]
+    for seed in range(30):
+        for x, y in ((a, b), (b, a)):
+            used = _simulate(x, y, n_vt, S - 1, seed)
+            assert used == [x, y]
+
+
+@pytest.mark.parametrize("overlap", [0.0, 0.12, 0.6, 1.0])
+def test_share_protocol_random_lists(overlap):
+    rng = random.Random(int(overlap * 100))
+    for trial in range(40):
+        n = rng.choice([16, 64, 512])
+        k = rng.randint(1, min(n // 2, 64))
+        a, b = _lists(rng, n, k, overlap)
+        used = _simulate(a, b, -(-n // 64), S - 1, trial)
+        assert used == [a, b]
+
+
+def test_a_hold_over_past_gap_max_deadlocks_in_the_model():
+    # holding the last V over S blocks of the other list (2 S + 1 slots) cannot be filled: the model catches it
+    a, b = [0, S + 1], list(range(1, S + 1))
+    _simulate(a, b, 1, S - 1, 0)
+    with pytest.raises(AssertionError, match="deadlock"):
+        for seed in range(50):
+            _simulate(a, b, 1, S, seed)
+
+
+def test_the_tail_pass_after_the_virtual_tiles_deadlocks_in_the_model():
+    # a consumer whose list ends early must pass over the other list's last blocks before it can block on the
+    # shared virtual pipeline (the other consumer has not released its first slots yet)
+    a, b = [0], list(range(1, 4 * S + 1))
+    _simulate(a, b, 4, S - 1, 0)
+    with pytest.raises(AssertionError, match="deadlock"):
+        for seed in range(50):
+            _simulate(a, b, 4, S - 1, seed, tail_early=False)
