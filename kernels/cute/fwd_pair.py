@@ -156,19 +156,10 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
     def _bias_use(self, bias, cnt, bias_h, tScS, t, n_kv, n_last):
         """tile_ops._load_bias's values from the fetched registers: the bias in log2 units (-inf past the end;
         an exact block's -inf is in the row) and the block's real token count."""
-        for c in cutlass.range_constexpr(cute.size(bias)):
-            jj = t * BS + tScS[(c % 2) + 4 * (c // 2)][1]
-            b = -cutlass.Float32.inf
-            n = cutlass.Float32(BS)
-            if jj < n_kv:
-                if cutlass.const_expr(self.probe in ("nobias", "asexact")):
-                    b = cutlass.Float32(0.0)
-                else:
-                    b = bias_h[c].to(cutlass.Float32) * LOG2E
-                if jj == n_kv - 1:
-                    n = n_last
-            bias[c] = b
-            cnt[c] = n
+        if cutlass.const_expr(self.probe in ("nobias", "asexact")):
+            self._bias_slots(bias, cnt, tScS, t, n_kv, n_last, lambda c, jj: cutlass.Float32(0.0))
+        else:
+            self._bias_slots(bias, cnt, tScS, t, n_kv, n_last, lambda c, jj: bias_h[c].to(cutlass.Float32) * LOG2E)
 
     @cute.jit
     def _head(self, mIdx, i_b, i_h, i_q, j, n, n_kv):
@@ -200,6 +191,29 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
             h.release()
             h = kv_cons.wait_and_advance()
             h.release()
+
+    @cute.jit
+    def _exact_step(self, qk_mma, pv_mma, acc_s, acc_o, tOrP, sQi, tSrK, tOrV, koff, kv_cons, vh, row_max, row_sum,
+                    row_g, scale_log2, alpha, bias, cnt, tScS, is_tail, rem, gap):
+        """One step of the exact loop (fwd.py's): S of the next K tile and P V of the held V tile (vh) issued
+        together, the softmax while P V runs. share (gap = (mIdx, i_b, i_h, i_o, i_q, u, n_valid, n_o, n_kv, g,
+        jo)): the gap before own tile u + 1 is walked while the GEMMs run; returns (g, jo)."""
+        kh = kv_cons.wait_and_advance()
+        self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, koff + kh.index)])
+        self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, koff + vh.index)])
+        g_jo = None
+        if cutlass.const_expr(gap is not None):
+            mIdx, i_b, i_h, i_o, i_q, u, n_valid, n_o, n_kv, g, jo = gap
+            if u + 1 < n_valid:  # the next own tile's gap, while the GEMMs run
+                g, jo = self._gap(mIdx, i_b, i_h, i_o, jo, n_o, n_kv, mIdx[i_b, i_h, i_q, u + 1])
+            g_jo = (g, jo)
+        warpgroup.wait_group(1)  # S ready; P V may still run
+        kh.release()
+        self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, False, is_tail,
+                           rem, False)
+        warpgroup.wait_group(0)
+        vh.release()
+        return g_jo
 
     # ------------------------------------------------------------------ device side
     @cute.kernel
@@ -435,27 +449,14 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
                                                tScS, False, kk_tail == u, rem, False)
                         else:
                             self._pass(kv_cons, g_now)
-                            kh = kv_cons.wait_and_advance()
-                            self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, kh.index)])
-                            self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, vh.index)])
-                            if u + 1 < n_valid:  # the next own tile's gap, while the GEMMs run
-                                g, jo = self._gap(mIdx, i_b, i_h, i_o, jo, n_o, n_kv, mIdx[i_b, i_h, i_q, u + 1])
-                            warpgroup.wait_group(1)
-                            kh.release()
-                            self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt,
-                                               tScS, False, kk_tail == u, rem, False)
-                            warpgroup.wait_group(0)
-                            vh.release()
+                            g, jo = self._exact_step(qk_mma, pv_mma, acc_s, acc_o, tOrP, sQi, tSrK, tOrV, 0, kv_cons,
+                                                     vh, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
+                                                     kk_tail == u, rem, (mIdx, i_b, i_h, i_o, i_q, u, n_valid, n_o,
+                                                                         n_kv, g, jo))
                     else:
-                        kh = kv_cons.wait_and_advance()
-                        self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, koff + kh.index)])
-                        self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, koff + vh.index)])
-                        warpgroup.wait_group(1)
-                        kh.release()
-                        self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt,
-                                           tScS, False, kk_tail == u, rem, False)
-                        warpgroup.wait_group(0)
-                        vh.release()
+                        self._exact_step(qk_mma, pv_mma, acc_s, acc_o, tOrP, sQi, tSrK, tOrV, koff, kv_cons, vh,
+                                         row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, kk_tail == u, rem,
+                                         None)
                     self._rescale_o(acc_o, alpha)
                     self._to_p(acc_s, tOrP)
                 if n_vt > 0:

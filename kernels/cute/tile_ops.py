@@ -49,12 +49,19 @@ class TileOps:
         """Per column slot of virtual tile t (KV blocks t*64 .. t*64+63): the bias in log2 units (-inf for an
         exact block or past the end) and the block's real token count. The bias is per (query block, KV
         block): the two rows a thread holds share it, so 16 values per tile are loaded, not 32."""
+        self._bias_slots(bias, cnt, tScS, t, n_kv, n_last,
+                         lambda c, jj: mVB[i_b, i_h, i_q, jj].to(cutlass.Float32) * LOG2E)
+
+    @cute.jit
+    def _bias_slots(self, bias, cnt, tScS, t, n_kv, n_last, value):
+        """bias / cnt per column slot c of virtual tile t: value(c, jj) for a KV block jj < n_kv (traced only
+        there, so it may load from the bias row), -inf past the end; the token count, n_last for the last block."""
         for c in cutlass.range_constexpr(cute.size(bias)):
             jj = t * BS + tScS[(c % 2) + 4 * (c // 2)][1]
             b = -cutlass.Float32.inf
             n = cutlass.Float32(BS)
             if jj < n_kv:
-                b = mVB[i_b, i_h, i_q, jj].to(cutlass.Float32) * LOG2E
+                b = value(c, jj)
                 if jj == n_kv - 1:
                     n = n_last
             bias[c] = b
