@@ -177,6 +177,24 @@ def test_same_call_gives_the_same_key_and_each_change_a_new_one():
     assert len(set(changed)) == len(changed)
 
 
+def test_every_kernel_setting_read_at_call_time_changes_the_key(monkeypatch):
+    # a setting the captured work reads when it runs (the CuTe kernel's build choices, head chunking) must be
+    # in the key, or a changed setting would replay a graph of the old build
+    import re
+    from pathlib import Path
+    src = (Path(__file__).resolve().parents[1] / "kernels" / "cute" / "fwd.py").read_text()
+    read = set(re.findall(r'"(PSA_[A-Z0-9_]+)"', src))
+    assert read and read <= set(graphs._ENV_IN_KEY), sorted(read - set(graphs._ENV_IN_KEY))
+    cfg = SparseConfig(density=0.2, scale=0.25)
+    q, k, v = _qkv((1, 2, 128, 16))
+    for name in graphs._ENV_IN_KEY:
+        monkeypatch.delenv(name, raising=False)
+        base = graphs.make_key("cute", q, k, v, cfg, "none", None, 0)
+        monkeypatch.setenv(name, "1")
+        assert graphs.make_key("cute", q, k, v, cfg, "none", None, 0) != base, name
+        monkeypatch.delenv(name)
+
+
 def test_key_includes_the_device(monkeypatch):
     cfg = SparseConfig(scale=0.25)
     q, k, v = _qkv()
