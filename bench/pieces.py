@@ -329,6 +329,17 @@ def flux_node(density, backends, out):
             d[f"{be}_graph"] = f"failed: {type(e).__name__}: {str(e)[:200]}"
             say("  graph failed", d[f"{be}_graph"])
         _graphs_env(True)
+        # with the [B, L, H*D] the node hands back to ComfyUI: the output in q's layout and then reshaped (a copy,
+        # what the node did until session 8), and written token-major (out_layout="bthd": the reshape a view)
+        B, H, T, D = q.shape
+        graphs.clear()
+        for lay in ("q", "bthd"):
+            timed(d, f"{be}_graphs_flat_{lay}_ms",
+                  lambda: psa(q, k, v, out_layout=lay, **kw).transpose(1, 2).reshape(B, T, H * D))
+        graphs.clear()
+    sd = lambda: F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(  # noqa: E731
+        q.shape[0], q.shape[2], -1)
+    timed(d, "sdpa_flat_ms", sd)  # ComfyUI's own optimized attention does the same reshape
     del q, k, v
     empty()
 

@@ -10,6 +10,7 @@ import torch
 from . import graphs
 from .config import BACKENDS, ON_FAILURE, REORDERS, ArgumentTypeError, as_choice, as_grid, as_int, make_config
 from .dispatch import backend_module, log_once, select_backend
+from .layout import in_layout as _in_layout
 from .reorder import orders_on
 
 log = logging.getLogger("piecewise_sparse_attention")
@@ -50,7 +51,7 @@ def _check_layout(T, reorder, grid, n_prefix):
 
 def piecewise_sparse_attention(q, k, v, *, density=0.125, variant="pwt", band=1, n_sink_blocks=0,
                                cov_bias=False, block_size=64, scale=None, reorder="none", grid=None,
-                               n_prefix=0, backend="auto", on_failure="reference"):
+                               n_prefix=0, backend="auto", on_failure="reference", out_layout="q"):
     """Piecewise sparse attention (PISA, and its second-order refinement PWT).
 
     Tokens are cut into blocks of `block_size`. For each query block i, the KV blocks S_i (the diagonal
@@ -78,6 +79,9 @@ def piecewise_sparse_attention(q, k, v, *, density=0.125, variant="pwt", band=1,
         on_failure: what a fast backend's run-time failure does: "reference" (log once, compute this call
             with the PyTorch reference) or "raise" (re-raise, for callers with a better fallback, e.g. the
             ComfyUI node, which runs dense attention: on a GPU that is far faster than the reference).
+        out_layout: "q" (the output's memory laid out like q's) or "bthd" (in [B, T, H, D] order, returned as
+            the [B, H, T, D] view: `out.transpose(1, 2).reshape(B, T, H * D)`, the [B, T, H*D] that ComfyUI's
+            attention functions return, is then a view, not a copy; the fast backends write it so directly).
 
     Returns:
         Tensor of q's shape and dtype.
@@ -88,8 +92,9 @@ def piecewise_sparse_attention(q, k, v, *, density=0.125, variant="pwt", band=1,
                       cov_bias=cov_bias, block_size=block_size, scale=scale, head_dim=q.shape[-1])
     backend = as_choice("backend", backend, BACKENDS)
     on_failure = as_choice("on_failure", on_failure, ON_FAILURE)
+    bthd = as_choice("out_layout", out_layout, OUT_LAYOUTS) == "bthd"
     if q.numel() == 0:  # B = 0 or H = 0: nothing to attend (still differentiable: an empty graph)
-        return (q + k + v) * 0.0
+        return _in_layout((q + k + v) * 0.0, bthd)
     name, reason = select_backend(q, cfg, backend, k=k, v=v)
     if reason is not None:
         log_once(f"backend:{backend}:{name}:{reason}", "piecewise_sparse_attention: using the %s backend "
@@ -98,21 +103,33 @@ def piecewise_sparse_attention(q, k, v, *, density=0.125, variant="pwt", band=1,
     if q.is_cuda:
         # Triton launches on the current CUDA device, not the tensors' one (multi-GPU ComfyUI setups)
         with torch.cuda.device(q.device):
-            return _run(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure)
-    return _run(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure)
+            return _run(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure, bthd)
+    return _run(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure, bthd)
 
 
-def _run(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure):
-    """The call, through a cached CUDA graph of it where kernels.graphs allows (fast backends only)."""
+OUT_LAYOUTS = ("q", "bthd")
+
+
+def _run(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure, bthd):
+    """The call, through a cached CUDA graph of it where kernels.graphs allows (fast backends only; the graph's
+    output keeps its layout through the clone it returns)."""
     if name != "torch" and graphs.graph_reason(q, k, v) is None:
-        key = graphs.make_key(name, q, k, v, cfg, reorder, grid, n_prefix)
+        key = graphs.make_key(name, q, k, v, cfg, reorder, grid, n_prefix) + (bthd,)
         # the captured work raises instead of falling back (a fallback would be captured); failures end eager
-        return graphs.run(key, lambda a, b, c: _compute(mod, name, a, b, c, cfg, reorder, grid, n_prefix, "raise"),
-                          lambda: _compute(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure), q, k, v)
-    return _compute(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure)
+        return graphs.run(key, lambda a, b, c: _compute(mod, name, a, b, c, cfg, reorder, grid, n_prefix, "raise",
+                                                        bthd),
+                          lambda: _compute(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure, bthd),
+                          q, k, v)
+    return _compute(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure, bthd)
 
 
-def _compute(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure):
+def _compute(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure, bthd):
+    """The call on one backend; with bthd its output's memory in [B, T, H, D] order: written so by a backend
+    with OUT_BTHD (its forward's out_bthd), copied into it after any other (the torch reference)."""
+    return _in_layout(_compute_q(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure, bthd), bthd)
+
+
+def _compute_q(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure, bthd):
     # a backend with FUSED_REORDER takes the permutation itself (its statistics kernel gathers, one pass
     # scatters back into the caller's layout); the others get reordered copies
     fused = reorder == "morton" and getattr(mod, "FUSED_REORDER", False)
@@ -120,8 +137,10 @@ def _compute(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure):
         perm, inv = orders_on(grid, q.device)
         if not fused:
             q, k, v = (_permute(mod, name, x, perm, n_prefix) for x in (q, k, v))
+    kw = {"out_bthd": True} if (bthd and getattr(mod, "OUT_BTHD", False)) else {}
     try:
-        out = mod.forward(q, k, v, cfg, perm=perm, n_prefix=n_prefix) if fused else mod.forward(q, k, v, cfg)
+        out = mod.forward(q, k, v, cfg, perm=perm, n_prefix=n_prefix, **kw) if fused else mod.forward(q, k, v, cfg,
+                                                                                                          **kw)
     except Exception as e:
         # a checkpointed block's recompute stops early by raising inside the op: not a failure
         if name == "torch" or on_failure == "raise" or _is_checkpoint_stop(e):

@@ -262,10 +262,13 @@ class SparseAttentionOverride:
             if n_suffix:
                 order = token_order(n_prefix, grid, n_suffix, kn.reorder == "morton", qh.device)
                 qh, kh, vh = (t.index_select(-2, order[0]) for t in (qh, kh, vh))
+            # the [B, L, H*D] ComfyUI wants back is then a view of the output (written in that order), not a copy
+            layout = "bthd" if order is None and not skip_output_reshape else "q"
             out = piecewise_sparse_attention(
                 qh, kh, vh, density=kn.density, variant=kn.variant, band=kn.band, n_sink_blocks=sinks,
                 cov_bias=kn.cov_bias, block_size=kn.block_size, scale=lay.scale, reorder=op_reorder, grid=op_grid,
-                n_prefix=0 if order is not None else n_prefix, backend=kn.backend, on_failure="raise")
+                n_prefix=0 if order is not None else n_prefix, backend=kn.backend, on_failure="raise",
+                out_layout=layout)
             if order is not None:
                 out = out.index_select(-2, order[1])
             flat = out if skip_output_reshape else out.transpose(1, 2).reshape(out.shape[0], out.shape[2], -1)

@@ -33,6 +33,7 @@ def qkv(T=130, D=16, H=2, seed=0):
     (dict(n_sink_blocks=1.5), "n_sink_blocks must be an integer"),
     (dict(density=float("nan")), "density must be"),
     (dict(n_prefix=-1), "n_prefix must be"),
+    (dict(out_layout="bhtd"), "out_layout must be"),
 ], ids=lambda x: x if isinstance(x, str) else None)
 def test_bad_values_that_were_silently_accepted_now_raise_naming_the_argument(kwargs, match):
     q, k, v = qkv(T=100 if kwargs.get("block_size") else 256)

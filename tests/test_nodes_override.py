@@ -126,6 +126,31 @@ def test_flux_layout_single_blocks_and_text_prefix():
     assert len(func.calls) == 1
 
 
+def test_flux_layout_output_is_written_token_major_so_the_flat_result_is_a_view(monkeypatch):
+    # ComfyUI passes [B, H, L, D] (skip_reshape) and wants [B, L, H*D] back: the node asks the operator for
+    # out_layout="bthd" so that reshape costs nothing; with skip_output_reshape it keeps q's layout
+    ov, func = _override("flux", total_blocks=4, n_double=2, min_tokens=0), Dense()
+    txt, grid = 64, (16, 16)
+    q, k, v = (torch.randn(1, 2, txt + 256, 64) for _ in range(3))
+    info = patch.ForwardInfo("flux", grid, txt)
+    seen = []
+    real = patch.piecewise_sparse_attention
+
+    def spy(q_, k_, v_, **kw):
+        seen.append(kw["out_layout"])
+        out = real(q_, k_, v_, **kw)
+        seen.append(out)
+        return out
+    monkeypatch.setattr(patch, "piecewise_sparse_attention", spy)
+    opts = _opts(block_index=0, block_type="single", psa_forward=info)
+    flat = ov(func, q, k, v, 2, skip_reshape=True, transformer_options=opts)
+    assert seen[0] == "bthd" and flat.shape == (1, txt + 256, 2 * 64)
+    assert flat.data_ptr() == seen[1].data_ptr() and flat.is_contiguous()  # a view of what the operator wrote
+    same = ov(func, q, k, v, 2, skip_reshape=True, skip_output_reshape=True, transformer_options=opts)
+    assert seen[2] == "q" and same.shape == q.shape
+    torch.testing.assert_close(same.transpose(1, 2).reshape(flat.shape), flat, rtol=0, atol=0)
+
+
 def test_old_comfy_counts_self_attention_calls_per_branch():
     ov, func = _override(), Dense()
     q, k, v = _wan_qkv()

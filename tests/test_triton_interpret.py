@@ -104,6 +104,14 @@ def test_custom_op_schema_and_fake_tensor(res):
     assert all(v == "SUCCESS" for v in r.values()), r
 
 
+def test_out_layout_bthd_writes_the_same_values_in_token_major_memory(res):
+    r = get(res, "out_layout_bthd")
+    for name in ("plain", "morton"):
+        assert r[name] == {"equal": True, "bthd": True, "base_bthd": False, "flat_is_view": True}, (name, r[name])
+    assert r["caller_view_default"]["bthd"]  # a [B, L, H, D] caller's view keeps its layout by default
+    assert r["torch_backend"] == {"bthd": True, "equal": True}
+
+
 def test_unavailable_reasons_are_data(res):
     r = get(res, "unavailable_reasons")
     assert r["available"] and r["fwd_interpret"]

@@ -502,10 +502,39 @@ def _():
 @case("custom_op_opcheck")
 def _():
     q, k, v = (rnd(1, 1, 64, 64, seed=90 + s) for s in range(3))
-    args = (q, k, v, 0.5, "pwt", 1, 0, False, 64, 0.125, None, 0)
-    res = torch.library.opcheck(torch.ops.psa.triton_fwd.default, args,
-                                test_utils=("test_schema", "test_faketensor"))
-    return {k2: str(v2) for k2, v2 in res.items()}
+    out = {}
+    for bthd in (False, True):  # the fake output's strides must match the real one's in both layouts
+        args = (q, k, v, 0.5, "pwt", 1, 0, False, 64, 0.125, None, 0, bthd)
+        res = torch.library.opcheck(torch.ops.psa.triton_fwd.default, args,
+                                    test_utils=("test_schema", "test_faketensor"))
+        out.update({f"{k2}_bthd{int(bthd)}": str(v2) for k2, v2 in res.items()})
+    return out
+
+
+@case("out_layout_bthd")
+def _():
+    # out_layout="bthd" (kernels/layout.py): the same values, written with their memory in [B, T, H, D] order, on
+    # every path that allocates the output (heads, the Morton gather with this backend's attention, a caller's
+    # [B, L, H, D] view), so the node's flat [B, L, H*D] is a view
+    from kernels import piecewise_sparse_attention as psa
+    from kernels.layout import is_bthd
+    res = {}
+    B, H, T, D = 2, 2, 130, 64
+    q, k, v = (rnd(B, H, T, D, seed=95 + s) for s in range(3))
+    grid = (2, 8, 8)
+    for name, kw in (("plain", {}), ("morton", dict(reorder="morton", grid=grid, n_prefix=T - 128))):
+        base = psa(q, k, v, density=0.3, backend="triton", on_failure="raise", **kw)
+        out = psa(q, k, v, density=0.3, backend="triton", on_failure="raise", out_layout="bthd", **kw)
+        flat = out.transpose(1, 2).reshape(B, T, H * D)
+        res[name] = {"equal": bool(torch.equal(out, base)), "bthd": is_bthd(out), "base_bthd": is_bthd(base),
+                     "flat_is_view": flat.data_ptr() == out.data_ptr() and flat._base is not None}
+    blhd = torch.randn(B, T, H, D).transpose(1, 2)  # ComfyUI's [B, L, H*D] seen as [B, H, L, D]
+    out = psa(blhd, blhd, blhd, density=0.3, backend="triton", on_failure="raise")
+    res["caller_view_default"] = {"bthd": is_bthd(out)}
+    ref = psa(q, k, v, density=0.3, backend="torch", out_layout="bthd")
+    res["torch_backend"] = {"bthd": is_bthd(ref), "equal": bool(torch.equal(ref, psa(q, k, v, density=0.3,
+                                                                                     backend="torch")))}
+    return res
 
 
 @case("unavailable_reasons")

@@ -24,6 +24,7 @@ import torch
 
 from .. import triton as _kt
 from ..config import SparseConfig
+from ..layout import in_layout
 
 log = logging.getLogger("piecewise_sparse_attention")
 
@@ -189,14 +190,14 @@ def aligned16(x) -> bool:
     return x.stride(-1) == 1 and _kt._fwd.tma_aligned(x)
 
 
-def _forward_impl(q, k, v, cfg: SparseConfig, *, routing=None, perm=None, n_prefix=0):
+def _forward_impl(q, k, v, cfg: SparseConfig, *, routing=None, perm=None, n_prefix=0, out_bthd=False):
     # dispatch declines a misaligned q (the Triton backend takes it); k and v views arrive from callers that
     # only checked q: a copy is cheaper than failing, and a kernel failure would disable this backend
     q, k, v = (x if aligned16(x) else x.clone(memory_format=torch.contiguous_format) for x in (q, k, v))
     if perm is not None:  # the kernel reads block-order copies the statistics kernel writes (never `perm`)
         return _kt._forward_impl(q, k, v, cfg, perm=perm, n_prefix=n_prefix, attention=_attention,
-                                 reorder_in="stats")
-    return _kt._forward_impl(q, k, v, cfg, routing=routing, attention=_attention)
+                                 reorder_in="stats", out_bthd=out_bthd)
+    return _kt._forward_impl(q, k, v, cfg, routing=routing, attention=_attention, out_bthd=out_bthd)
 
 
 if _IMPORT_ERROR is None and _kt._IMPORT_ERROR is None and hasattr(torch, "library") \
@@ -204,13 +205,13 @@ if _IMPORT_ERROR is None and _kt._IMPORT_ERROR is None and hasattr(torch, "libra
     @torch.library.custom_op("psa::cute_fwd", mutates_args=())
     def _cute_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, density: float, variant: str,
                      band: int, n_sink_blocks: int, cov_bias: bool, block_size: int,
-                     scale: float, perm: torch.Tensor | None, n_prefix: int) -> torch.Tensor:
+                     scale: float, perm: torch.Tensor | None, n_prefix: int, out_bthd: bool) -> torch.Tensor:
         cfg = _kt._cfg(density, variant, band, n_sink_blocks, cov_bias, block_size, scale)
-        return _forward_impl(q, k, v, cfg, perm=perm, n_prefix=n_prefix)
+        return _forward_impl(q, k, v, cfg, perm=perm, n_prefix=n_prefix, out_bthd=out_bthd)
 
     @_cute_fwd_op.register_fake
-    def _(q, k, v, density, variant, band, n_sink_blocks, cov_bias, block_size, scale, perm, n_prefix):
-        return _kt._output_like(q)
+    def _(q, k, v, density, variant, band, n_sink_blocks, cov_bias, block_size, scale, perm, n_prefix, out_bthd):
+        return _kt._output_like(q, out_bthd)
 
     _OP = torch.ops.psa.cute_fwd
 else:
@@ -228,22 +229,27 @@ def _require():
 
 # kernels.api hands `perm` (Morton) to forward() instead of gathering the tokens itself
 FUSED_REORDER = True
+# forward(out_bthd=True) writes the output with its memory in [B, T, H, D] order (kernels/layout.py)
+OUT_BTHD = True
 
 
-def forward(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None, n_prefix: int = 0):
+def forward(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None, n_prefix: int = 0,
+            out_bthd: bool = False):
     """Piecewise sparse attention on [B, H, T, D] (kernels.dispatch contract): Triton statistics and routing
     (detached), CuTe attention. With `perm` (kernels.reorder.orders_on(...)[0], the tokens after `n_prefix`)
-    q/k/v and the output stay in the caller's order: the statistics kernel gathers, one pass scatters back."""
+    q/k/v and the output stay in the caller's order: the statistics kernel gathers, one pass scatters back.
+    out_bthd: the output written with its memory in [B, T, H, D] order (kernels.triton._output_like)."""
     _require()
     split = _kt.split_large_batch(lambda qb, kb, vb: forward(qb, kb, vb, cfg, perm=perm, n_prefix=n_prefix),
                                   q, k, v)
     if split is not None:
-        return split
+        return in_layout(split, out_bthd)
     with torch.no_grad():
         if _OP is not None:
             return _OP(q, k, v, float(cfg.density), cfg.variant, int(cfg.band), int(cfg.n_sink_blocks),
-                       bool(cfg.cov_bias), int(cfg.block_size), float(cfg.scale), perm, int(n_prefix))
-        return _forward_impl(q, k, v, cfg, perm=perm, n_prefix=n_prefix)
+                       bool(cfg.cov_bias), int(cfg.block_size), float(cfg.scale), perm, int(n_prefix),
+                       bool(out_bthd))
+        return _forward_impl(q, k, v, cfg, perm=perm, n_prefix=n_prefix, out_bthd=out_bthd)
 
 
 def forward_with_routing(q, k, v, cfg: SparseConfig, routing):

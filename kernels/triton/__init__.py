@@ -20,6 +20,7 @@ import torch
 
 from ..config import SparseConfig
 from ..dispatch import on_device
+from ..layout import bthd_empty, in_layout
 
 try:
     import triton  # noqa: F401
@@ -168,10 +169,11 @@ REORDER_IN = "stats"
 
 
 def _forward_heads(q, k, v, cfg: SparseConfig, *, routing=None, perm=None, n_prefix=0, config=None,
-                   scratch=None, attention=None, reorder_in=None):
+                   scratch=None, attention=None, reorder_in=None, out_bthd=False):
     """q, k, v [B, H, T, D] (any strides with unit last stride). With `perm` (Morton order of the tokens
     after `n_prefix`) the inputs and the output are in the caller's order; `reorder_in` (default REORDER_IN)
-    says how the kernels see the permuted order.
+    says how the kernels see the permuted order. out_bthd: the output's memory in [B, T, H, D] order (a
+    [B, H, T, D] view; _output_like), else q's layout.
 
     `attention(q, k, v, out, st, idx, vbias, cfg)` runs the attention of one head chunk (default this
     backend's fused kernel); the CuTe backend passes its own, so statistics, routing and the head chunking
@@ -184,8 +186,9 @@ def _forward_heads(q, k, v, cfg: SparseConfig, *, routing=None, perm=None, n_pre
     n = -(-T // cfg.block_size)
     fperm = _full_perm(perm, n_prefix, T, q.device) if perm is not None else None
     if fperm is not None and routing is None and (reorder_in or REORDER_IN) == "stats":
-        return _forward_gathered(q, k, v, cfg, perm, fperm, n_prefix, config, scratch, attention, own_attention)
-    out = _output_like(q)
+        return _forward_gathered(q, k, v, cfg, perm, fperm, n_prefix, config, scratch, attention, own_attention,
+                                 out_bthd)
+    out = _output_like(q, out_bthd)
     hc, score_bytes = _chunking(q, cfg, routing.idx.shape[-1] if routing is not None else None, scratch)
     for h0 in range(0, H, hc):
         h1 = min(H, h0 + hc)
@@ -224,8 +227,11 @@ def _chunking(q, cfg, k_lists, scratch):
     return hc, score_budget(q.numel() * q.element_size())
 
 
-def _output_like(q):
-    """The output buffer: q's layout (a [B, L, H, D] caller's view comes back with the same strides)."""
+def _output_like(q, bthd: bool = False):
+    """The output buffer: q's layout (a [B, L, H, D] caller's view comes back with the same strides), or with
+    bthd its memory in [B, T, H, D] order whatever q's is (kernels/layout.py)."""
+    if bthd:
+        return bthd_empty(q.shape, q.device, q.dtype)
     out = torch.empty_like(q)
     return out if out.stride(-1) == 1 else torch.empty(q.shape, device=q.device, dtype=q.dtype)
 
@@ -255,7 +261,8 @@ def _even_chunks(H: int, hc: int) -> int:
     return -(-H // n_chunks)
 
 
-def _forward_gathered(q, k, v, cfg, perm, fperm, n_prefix, config, scratch, attention, own_attention):
+def _forward_gathered(q, k, v, cfg, perm, fperm, n_prefix, config, scratch, attention, own_attention,
+                      out_bthd=False):
     """_forward_heads with the Morton gather inside the statistics kernel: per head chunk it reads q, k, v
     through `fperm` once and writes block-order copies of k and v; routing and attention run in block order.
 
@@ -280,7 +287,7 @@ def _forward_gathered(q, k, v, cfg, perm, fperm, n_prefix, config, scratch, atte
     hc = _even_chunks(H, min(hc, _copy_heads(q, 2)))
     kw = {} if config is None else {"config": config}
     if own_attention:
-        out = _output_like(q)
+        out = _output_like(q, out_bthd)
         kvg = torch.empty((2, B, hc, T, D), device=q.device, dtype=q.dtype)
         for h0 in range(0, H, hc):
             h1 = min(H, h0 + hc)
@@ -297,7 +304,7 @@ def _forward_gathered(q, k, v, cfg, perm, fperm, n_prefix, config, scratch, atte
     direct = writes is not None and writes()
     # in one chunk the output is allocated only after the statistics are freed (the peak is the head loop's,
     # copies + scratch, or the copies + the output at the scatter, never both); chunks scatter as they go
-    out = _output_like(q) if direct or hc < H else None
+    out = _output_like(q, out_bthd) if direct or hc < H else None
     g = torch.empty((3, B, hc, T, D), device=q.device, dtype=q.dtype)
     for h0 in range(0, H, hc):
         h1 = min(H, h0 + hc)
@@ -314,7 +321,7 @@ def _forward_gathered(q, k, v, cfg, perm, fperm, n_prefix, config, scratch, atte
         del qg, kg, vg
     if out is not None:
         return out
-    return _scatter_into(g[0], perm, n_prefix, _output_like(q))
+    return _scatter_into(g[0], perm, n_prefix, _output_like(q, out_bthd))
 
 
 def _scatter_into(x, perm, n_prefix, out):
@@ -340,13 +347,13 @@ if _IMPORT_ERROR is None and hasattr(torch, "library") and hasattr(torch.library
     @torch.library.custom_op("psa::triton_fwd", mutates_args=())
     def _triton_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, density: float, variant: str,
                        band: int, n_sink_blocks: int, cov_bias: bool, block_size: int, scale: float,
-                       perm: torch.Tensor | None, n_prefix: int) -> torch.Tensor:
+                       perm: torch.Tensor | None, n_prefix: int, out_bthd: bool) -> torch.Tensor:
         cfg = _cfg(density, variant, band, n_sink_blocks, cov_bias, block_size, scale)
-        return _forward_impl(q, k, v, cfg, perm=perm, n_prefix=n_prefix)
+        return _forward_impl(q, k, v, cfg, perm=perm, n_prefix=n_prefix, out_bthd=out_bthd)
 
     @_triton_fwd_op.register_fake
-    def _(q, k, v, density, variant, band, n_sink_blocks, cov_bias, block_size, scale, perm, n_prefix):
-        return _output_like(q)
+    def _(q, k, v, density, variant, band, n_sink_blocks, cov_bias, block_size, scale, perm, n_prefix, out_bthd):
+        return _output_like(q, out_bthd)
 
     _OP = torch.ops.psa.triton_fwd
 else:
@@ -370,11 +377,15 @@ def scatter_tokens(x: torch.Tensor, perm: torch.Tensor, n_prefix: int = 0) -> to
 
 # kernels.api hands `perm` (Morton) to forward() instead of gathering the tokens itself
 FUSED_REORDER = True
+# forward(out_bthd=True) writes the output with its memory in [B, T, H, D] order (kernels/layout.py)
+OUT_BTHD = True
 
 
-def forward(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None, n_prefix: int = 0):
+def forward(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None, n_prefix: int = 0,
+            out_bthd: bool = False):
     """Piecewise sparse attention on [B, H, T, D] (kernels.dispatch contract). Routing is detached. When q, k
     or v needs a gradient (and grad mode is on) the differentiable op of train.py runs (backward: bwd.py).
+    out_bthd: the output written with its memory in [B, T, H, D] order (_output_like), else in q's layout.
 
     perm: optional Morton permutation of the tokens after `n_prefix` (kernels.reorder.orders_on(...)[0]);
     when given, q/k/v/out stay in the caller's order: the statistics kernel gathers (REORDER_IN), one pass
@@ -384,16 +395,16 @@ def forward(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None, n_p
         raise RuntimeError(f"triton backend unavailable: {_IMPORT_ERROR}")
     split = split_large_batch(lambda qb, kb, vb: forward(qb, kb, vb, cfg, perm=perm, n_prefix=n_prefix), q, k, v)
     if split is not None:
-        return split
+        return in_layout(split, out_bthd)
     if _train.needs_grad(q, k, v):
         # autograd: the op that saves row statistics and has a backward (train.py)
-        return _train.forward(q, k, v, cfg, perm=perm, n_prefix=n_prefix)
+        return in_layout(_train.forward(q, k, v, cfg, perm=perm, n_prefix=n_prefix), out_bthd)
     args = (q, k, v, float(cfg.density), cfg.variant, int(cfg.band), int(cfg.n_sink_blocks),
-            bool(cfg.cov_bias), int(cfg.block_size), float(cfg.scale), perm, int(n_prefix))
+            bool(cfg.cov_bias), int(cfg.block_size), float(cfg.scale), perm, int(n_prefix), bool(out_bthd))
     with torch.no_grad():
         if _OP is not None:
             return _OP(*args)
-        return _forward_impl(q, k, v, cfg, perm=perm, n_prefix=n_prefix)
+        return _forward_impl(q, k, v, cfg, perm=perm, n_prefix=n_prefix, out_bthd=out_bthd)
 
 
 def forward_with_routing(q, k, v, cfg: SparseConfig, routing, *, config: dict | None = None):
