@@ -252,8 +252,24 @@ PYEOF
 )
     if grep -qE "failed|error" "$OUT/tests_pair.log" || ! grep -q "passed" "$OUT/tests_pair.log"; then SHARE=0; fi
     log "decision: PSA_CUTE_PAIR_SHARE=${SHARE:-0} ($(tail -1 "$OUT/cute_pair_share.txt" | cut -c1-2500))"
-    echo "export PSA_CUTE_PAIR_SHARE=${SHARE:-0}" > "$STASH/pair_env"
     export PSA_CUTE_PAIR_SHARE=${SHARE:-0}
+    # the query rows through the permutation (PSA_CUTE_Q_PERM: no q copy, no scatter; the one-block kernel) against
+    # the default Morton path, as the node calls it, at 480p, 720p and FLUX.1: on if faster in both rounds at all
+    # three with the same output
+    log "cute_out_perm PSA_CUTE_Q_PERM"
+    timeout -k 10 200 python bench/probes/cute_out_perm.py PSA_CUTE_Q_PERM 0 1 --flux > "$OUT/cute_q_perm.txt" 2>&1
+    QP=$(python - "$OUT/cute_q_perm.txt" <<'PYEOF'
+import json, sys
+lines = [ln for ln in open(sys.argv[1]) if ln.startswith("RESULT ")]
+r = json.loads(lines[0][7:]) if lines else {}
+d = [r[s] for s in ("wan14", "wan14_720", "flux") if s in r]
+print(int(len(d) == 3 and all(x.get("maxdiff", 1) <= 1e-2 and all(x[f"op1_r{i}_ms"] < x[f"op0_r{i}_ms"] for i in range(2))
+                             for x in d)))
+PYEOF
+)
+    log "decision: PSA_CUTE_Q_PERM=${QP:-0} ($(tail -1 "$OUT/cute_q_perm.txt" | cut -c1-1500))"
+    echo "export PSA_CUTE_PAIR_SHARE=${SHARE:-0} PSA_CUTE_Q_PERM=${QP:-0}" > "$STASH/pair_env"
+    export PSA_CUTE_Q_PERM=${QP:-0}
     # the CuTe tests in what is left of a 600 s call (else in the next call: bash bench/gpu_round.sh T)
     LEFT=$((570 - SECONDS))
     if [ "$LEFT" -gt 90 ]; then

@@ -46,10 +46,12 @@ for approx, q_rs, l2, pf, op in ((False, False, False, False, False), (True, Fal
                                  (False, True, False, False, False), (True, True, False, False, False),
                                  (True, True, True, False, False), (True, True, False, True, False),
                                  (True, True, True, True, False), (True, True, False, False, True),
-                                 (False, True, False, False, True)):
+                                 (False, True, False, False, True), (True, True, False, False, "qp"),
+                                 (False, True, False, False, "qp")):
+    qp = op == "qp"  # the query rows through the permutation (q_perm implies out_perm)
     name = (("pisa/pwt" if approx else "drop") + (" q_rs" if q_rs else "") + (" bias_l2" if l2 else "")
-            + (" bias_pf" if pf else "") + (" out_perm" if op else ""))
-    builds.append((name, lambda a=(approx, 5, D, q_rs, l2, pf, op): F.PiecewiseSparseFwdSm90(*a), vb, 128))
+            + (" bias_pf" if pf else "") + (" out_perm" if op else "") + (" q_perm" if qp else ""))
+    builds.append((name, lambda a=(approx, 5, D, q_rs, l2, pf, bool(op), qp): F.PiecewiseSparseFwdSm90(*a), vb, 128))
 from kernels.cute import fwd_pair as FP  # noqa: E402
 
 for recip, share in ((False, False), (True, False), (True, True)):  # two query blocks per CTA: 384 threads, one CTA
@@ -85,4 +87,23 @@ for name, make, vbias, reg_bound in builds:
         rec["wgmma_serialized"] = "serialized" in txt
     out[name] = rec
 shutil.rmtree(dump, ignore_errors=True)
+
+
+# tile_ops._load_q_rows loads the query fragment one 32-bit register (two bf16) at a time: elements 2e and 2e + 1 of
+# the S GEMM's A fragment must be adjacent columns (even first) of one row, for every thread of the warpgroup
+@cutlass.cute.jit
+def _fragment_pairs():
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass.cute.nvgpu import warpgroup
+    mma = sm90_utils.make_trivial_tiled_mma(
+        cutlass.BFloat16, cutlass.BFloat16, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+        cutlass.Float32, (1, 1, 1), (F.BS, F.BS), warpgroup.OperandSource.RMEM)
+    # (comprehensions: evaluated in Python at trace time, on the static coordinates of each thread's slice)
+    frags = [mma.get_slice(tid).partition_A(cutlass.cute.make_identity_tensor((F.BS, D))) for tid in range(128)]
+    bad = [(tid, e) for tid, c in enumerate(frags) for e in range(cutlass.cute.size(c) // 2)
+           if not (c[2 * e][0] == c[2 * e + 1][0] and c[2 * e + 1][1] == c[2 * e][1] + 1 and c[2 * e][1] % 2 == 0)]
+    out["q_fragment_pairs"] = {"checked": len(frags), "bad": bad[:5]}
+
+
+_fragment_pairs()
 print("RESULTS_JSON " + json.dumps(out), flush=True)

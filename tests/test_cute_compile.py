@@ -10,7 +10,8 @@ from driver import run_driver
 
 FAMILIES = ["drop", "pisa/pwt", "drop q_rs", "pisa/pwt q_rs", "pisa/pwt q_rs bias_l2", "pisa/pwt q_rs bias_pf",
             "pisa/pwt q_rs bias_l2 bias_pf", "pisa/pwt q_rs out_perm", "drop q_rs out_perm", "pisa/pwt pair",
-            "pisa/pwt pair recip", "pisa/pwt pair recip share"]
+            "pisa/pwt pair recip", "pisa/pwt pair recip share", "pisa/pwt q_rs out_perm q_perm",
+            "drop q_rs out_perm q_perm"]
 
 if importlib.util.find_spec("cutlass") is None:
     pytest.skip("CuTe compile test skipped: nvidia-cutlass-dsl is not installed (pip install .[cute])",
@@ -56,3 +57,10 @@ def test_wgmma_stays_asynchronous(res, family):
     if "wgmma_serialized" not in rec:
         pytest.skip("ptxas not on PATH: wgmma check skipped")
     assert not rec["wgmma_serialized"], rec
+
+
+def test_query_fragment_holds_column_pairs_of_one_row(res):
+    """kernels/cute/tile_ops._load_q_rows (PSA_CUTE_Q_PERM) fills each register of the S GEMM's A fragment with one
+    32-bit load: that needs elements 2e, 2e + 1 of every thread's fragment to be adjacent columns of one row."""
+    r = res["q_fragment_pairs"]
+    assert r["checked"] == 128 and r["bad"] == [], r

@@ -195,16 +195,18 @@ def test_strided_views_as_comfyui_passes_them(variant):
 
 
 @pytest.mark.parametrize("chunked", [False, True])
-@pytest.mark.parametrize("out_perm", ["0", "1"])
+@pytest.mark.parametrize("mode", ["scatter", "out_perm", "q_perm"])
 @pytest.mark.parametrize("variant", ["pwt", "pisa", "drop"])
-def test_morton_gathered_in_the_statistics_kernel_as_the_node_calls_it(variant, out_perm, chunked, monkeypatch):
+def test_morton_gathered_in_the_statistics_kernel_as_the_node_calls_it(variant, mode, chunked, monkeypatch):
     """kernels.api hands the Morton permutation to the backend: the statistics kernel writes block-order copies,
     the CuTe kernel runs on them and writes its output over the q copy, which a scatter puts into the caller's
     [B, L, H, D] layout (once, or once per head chunk when the copies split: `chunked` lowers MORTON_FLOOR so
     this small problem runs 3 chunks of one head); with PSA_CUTE_OUT_PERM=1 the kernel writes the output rows
-    through the permutation itself, straight into that layout. Same answer as gathering first and scattering
-    after, at a Wan-like odd grid with a 7-token prefix and B = 2."""
-    monkeypatch.setenv("PSA_CUTE_OUT_PERM", out_perm)
+    through the permutation itself, straight into that layout; with PSA_CUTE_Q_PERM=1 it also reads the caller's
+    query rows through it (only k and v copied). Same answer as gathering first and scattering after, at a
+    Wan-like odd grid with a 7-token prefix and B = 2."""
+    monkeypatch.setenv("PSA_CUTE_OUT_PERM", "1" if mode == "out_perm" else "0")
+    monkeypatch.setenv("PSA_CUTE_Q_PERM", "1" if mode == "q_perm" else "0")
     from kernels import cute as kc
     from kernels import piecewise_sparse_attention as psa
     from kernels import triton as kt_mod
@@ -221,8 +223,28 @@ def test_morton_gathered_in_the_statistics_kernel_as_the_node_calls_it(variant, 
         monkeypatch.setenv("PSA_MORTON_SCRATCH", "1")
     out = psa(q, k, v, density=0.125, variant=variant, reorder="morton", grid=grid, n_prefix=npre, backend="cute",
               on_failure="raise")
-    assert scatters == ([] if out_perm == "1" else [1, 1, 1] if chunked else [H]), scatters
+    assert scatters == ([] if mode != "scatter" else [1, 1, 1] if chunked else [H]), scatters
     assert out.stride() == q.stride()  # the node's transpose + reshape back to [B, L, H*D] is a view
     sep = kc.scatter_tokens(kc.forward(*(kc.gather_tokens(x, perm, npre) for x in (q, k, v)), cfg), perm, npre)
     assert torch.isfinite(out).all()
     assert rel(out, sep) <= 1e-3
+
+
+@pytest.mark.parametrize("variant", ["pwt", "drop"])
+def test_query_rows_through_the_permutation_at_a_flux_like_call(variant, monkeypatch):
+    """PSA_CUTE_Q_PERM at FLUX's call ([B, H, L, D] memory, text tokens first as sink blocks, the output asked
+    for token-major): the same output as the block-order copies (the same tiles in the same order), in the
+    requested layout."""
+    from kernels import piecewise_sparse_attention as psa
+    from kernels.layout import is_bthd
+    grid, npre, H, D = (16, 16), 128, 3, 128
+    q, k, v = (rnd((1, H, npre + 256, D), seed=140 + s) for s in range(3))
+    kw = dict(density=0.25, variant=variant, reorder="morton", grid=grid, n_prefix=npre, n_sink_blocks=2,
+              backend="cute", on_failure="raise", out_layout="bthd")
+    monkeypatch.setenv("PSA_CUDA_GRAPHS", "0")
+    monkeypatch.setenv("PSA_CUTE_Q_PERM", "0")
+    base = psa(q, k, v, **kw)
+    monkeypatch.setenv("PSA_CUTE_Q_PERM", "1")
+    out = psa(q, k, v, **kw)
+    assert is_bthd(out) and is_bthd(base) and torch.isfinite(out).all()
+    assert rel(out, base) <= 1e-5, rel(out, base)

@@ -83,7 +83,8 @@ def test_morton_copies_only_k_v_in_head_chunks_under_their_budget(res):
     permutation (CuTe's) gets 3 copies and writes its block-order output over the q copy, scattered back once
     (one chunk: 3x q, the output allocated after) or per chunk (the copies budgeted at 1.5x the limits: 1.5x q
     over 2 chunks at PSA_MORTON_SCRATCH=1), or (PSA_CUTE_OUT_PERM) its output rows through the permutation into
-    the caller's layout, no scatter. Every one equals the separate passes."""
+    the caller's layout, no scatter; one that reads the caller's query rows through the permutation too
+    (PSA_CUTE_Q_PERM) gets only the k, v copies, as the Triton attention. Every one equals the separate passes."""
     r = get(res, "morton_copies_chunked_under_their_budget")
     for var in ("pwt", "drop"):
         for frac, hc, allocs in (("0", 4, [1.0, 2.0]), ("1", 2, [1.0, 1.0]), ("0.25", 1, [0.5, 1.0])):
@@ -95,6 +96,9 @@ def test_morton_copies_only_k_v_in_head_chunks_under_their_budget(res):
                 d = r[f"{var}_{name}_attention_frac{frac}"]
                 assert d["maxdiff_vs_separate"] <= 1e-5 and d["allocs_in_q"] == allocs, (var, name, frac, d)
                 assert d["keeps_layout"] or name == "no_perm", (var, name, frac, d)
+        for frac, allocs in (("1", [1.0, 1.0]), ("0", [1.0, 2.0])):
+            d = r[f"{var}_q_perm_attention_frac{frac}"]
+            assert d["maxdiff_vs_separate"] <= 1e-5 and d["allocs_in_q"] == allocs and d["keeps_layout"], (var, d)
     real = {"wan14_480p": 20, "wan14_720p": 20, "wan13_480p": 12, "flux_1024": 24}
     assert r["real_hc"] == real and r["real_hc_3copies"] == real, (r["real_hc"], r["real_hc_3copies"])
 

@@ -469,10 +469,19 @@ def _():
                 o_[:, :, perm.long()] = tmp
                 return o_
             out_perm_attention.writes_out_perm = lambda: True
+
+            # ... or one that reads the caller's query rows through it as well (CuTe's Q_PERM): k, v copied only,
+            # as for this backend's own attention
+            def q_perm_attention(q_, kg, vg, o_, *a, perm=None, kv_perm=True, **kw):
+                assert not kv_perm and perm is not None
+                p_ = perm.long()
+                o_[:, :, p_] = fwd.attention(q_[:, :, p_], kg, vg, torch.empty_like(kg), *a, **kw)
+                return o_
+            q_perm_attention.reads_q_perm = lambda: True
             for frac in ("1", "0"):
                 os.environ["PSA_MORTON_SCRATCH"] = frac
                 for name, att in (("no_perm", lambda *a, **kw: fwd.attention(*a, **kw)),
-                                  ("out_perm", out_perm_attention)):
+                                  ("out_perm", out_perm_attention), ("q_perm", q_perm_attention)):
                     mode = _BigAllocs(q_bytes // 4)
                     with mode:
                         o = kt._forward_impl(q, k, v, c, perm=perm, n_prefix=npre, attention=att)

@@ -5,11 +5,15 @@ written over the q copy and scattered back (PSA_CUTE_OUT_PERM=0) and written thr
 outputs (the same arithmetic: 0 expected). CUDA graphs off (these sizes are above their token limit anyway).
 Prints one line `RESULT {...}`; bench/gpu_round.sh B picks from it.
 
-    python bench/probes/cute_out_perm.py [NAME A B]
+    python bench/probes/cute_out_perm.py [NAME A B] [--flux]
 
 alternates another environment variable instead (keys op<A> / op<B>), e.g. `PSA_MORTON_SCRATCH 0 1`: the copies in
-one chunk (0) against the 2 head chunks of 20 with a scatter each (1, the default since session 6)."""
+one chunk (0) against the 2 head chunks of 20 with a scatter each (1, the default since session 6), or
+`PSA_CUTE_Q_PERM 0 1 --flux`: the query rows read through the permutation by the kernel (no q copy, no scatter)
+against the block-order copies, at FLUX.1 1024^2 too (24 heads, 512 text tokens first, 8 sink blocks, d 0.2).
+"""
 import json
+import math
 import os
 import sys
 
@@ -20,12 +24,20 @@ sys.path.insert(0, ".")
 os.environ["PSA_CUDA_GRAPHS"] = "0"
 from kernels import piecewise_sparse_attention as psa  # noqa: E402
 
-ENV, VALS = (sys.argv[1], tuple(sys.argv[2:4])) if len(sys.argv) == 4 else ("PSA_CUTE_OUT_PERM", ("0", "1"))
+ARGS = [a for a in sys.argv[1:] if a != "--flux"]
+ENV, VALS = (ARGS[0], tuple(ARGS[1:3])) if len(ARGS) == 3 else ("PSA_CUTE_OUT_PERM", ("0", "1"))
 res = {"env": ENV}
-for name, (F, Hh, W) in (("wan14", (21, 30, 52)), ("wan14_720", (21, 45, 80))):
-    T, H, D = F * Hh * W, 40, 128
-    q, k, v = (torch.randn(1, T, H, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2) for _ in range(3))
-    kw = dict(density=0.125, variant="pwt", reorder="morton", grid=(F, Hh, W), backend="cute", on_failure="raise")
+# (name, grid, heads, text tokens in front, density, sink blocks); FLUX.1 1024^2 in its [B, H, L, D] memory
+SHAPES = [("wan14", (21, 30, 52), 40, 0, 0.125, 0), ("wan14_720", (21, 45, 80), 40, 0, 0.125, 0)]
+if "--flux" in sys.argv:
+    SHAPES.append(("flux", (64, 64), 24, 512, 0.2, 8))
+for name, grid, H, npre, density, sinks in SHAPES:
+    T, D = npre + math.prod(grid), 128
+    x = (torch.randn(1, H, T, D, device="cuda", dtype=torch.bfloat16) if npre else
+         torch.randn(1, T, H, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2))
+    q, k, v = x, torch.randn_like(x), torch.randn_like(x)
+    kw = dict(density=density, variant="pwt", reorder="morton", grid=grid, n_prefix=npre, n_sink_blocks=sinks,
+              backend="cute", on_failure="raise")
     d = res[name] = {"T": T}
     outs = {}
     for r in range(2):

@@ -155,14 +155,16 @@ def auto_skip_reason(q, cfg) -> str | None:
     return None
 
 
-def _attention(q, k, v, out, st, idx, vbias, cfg, perm=None):
+def _attention(q, k, v, out, st, idx, vbias, cfg, perm=None, kv_perm=True):
     """One head chunk through the CuTe kernel (`perm`: the output rows written through it, see
-    writes_out_perm). A failure other than running out of memory is remembered for the variant family (so
-    dispatch takes Triton from the next call on, with its log line) and re-raised."""
+    writes_out_perm; with kv_perm=False, the Triton attention's convention, q is the caller's and its rows are
+    read through `perm` too, see reads_q_perm). A failure other than running out of memory is remembered for
+    the variant family (so dispatch takes Triton from the next call on, with its log line) and re-raised."""
     if cfg.variant == "drop":
         vbias = None  # the contract: no bias rows for drop (Triton's own routing builds them anyway)
+    kw = {} if perm is None else {"perm": perm, "q_perm": not kv_perm}
     try:
-        return _cute.attention(q, k, v, out, st, idx, vbias, cfg, **({} if perm is None else {"perm": perm}))
+        return _cute.attention(q, k, v, out, st, idx, vbias, cfg, **kw)
     except torch.cuda.OutOfMemoryError:
         raise
     except Exception as e:
@@ -182,6 +184,16 @@ def _writes_out_perm() -> bool:
 
 
 _attention.writes_out_perm = _writes_out_perm
+
+
+def _reads_q_perm() -> bool:
+    """kernels.triton._forward_gathered asks: True when _attention reads the caller's query rows through the
+    Morton permutation (kernels/cute/fwd.py Q_PERM, PSA_CUTE_Q_PERM), so only k and v are copied into block
+    order (and the output rows go through the permutation as well)."""
+    return _cute is not None and _cute.q_perm_enabled()
+
+
+_attention.reads_q_perm = _reads_q_perm
 
 
 def aligned16(x) -> bool:

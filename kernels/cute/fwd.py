@@ -90,6 +90,12 @@ BIAS_PF = False
 # (bench/probes/cute_out_perm.py, session 6, two rounds): 480p 8.00 / 8.77 ms vs 8.10 / 8.09 with the scatter,
 # 720p 41.12 / 40.29 vs 39.89 / 40.48, and more memory (its output cannot go over the q copy): off
 OUT_PERM = False
+# Morton: the query rows read through the permutation from the caller's q straight into the consumer's registers
+# (and the output written through it), so the statistics kernel copies only k and v into block order, as for the
+# Triton attention: one q-sized copy and the scatter pass less (FLUX.1 1024^2: 2 x 28 MiB written and read back,
+# ~0.04 ms by arithmetic; memory 1.8x -> ~1.3x q at Wan2.1-14B). One-block kernel only (the pair kernel keeps its
+# block-order copies). PSA_CUTE_Q_PERM=1/0 overrides. Compiled (no spills), not yet run on a GPU: off
+Q_PERM = False
 # pisa / pwt: two query blocks per CTA reading the virtual-token tiles once (fwd_pair.py) from PAIR_MIN_BLOCKS KV
 # blocks on (PSA_CUTE_PAIR=1/0 forces it on / off, PSA_CUTE_VT_STAGES its shared stages). H200, session 7
 # (bench/probes/cute_pair.py, attention alone, alternated with this kernel in one process, pwt d 0.125): faster in
@@ -114,12 +120,17 @@ class PiecewiseSparseFwdSm90(TileOps):
     """Compile-time configuration: variant family (exact only, or exact + virtual tokens) and stages."""
 
     def __init__(self, approx: bool, kv_stages: int = 4, head_dim: int = 128, q_rs: bool = False,
-                 bias_l2: bool = False, bias_pf: bool = False, out_perm: bool = False):
+                 bias_l2: bool = False, bias_pf: bool = False, out_perm: bool = False, q_perm: bool = False):
         self.approx = approx
         self.q_rs = q_rs  # S = Q K^T with Q from registers (read from shared memory once per CTA)
         self.bias_l2 = bias_l2  # the producer prefetches this query block's bias row into L2 at the start
         self.bias_pf = bias_pf  # a virtual tile's bias loaded one softmax earlier (after the previous tile's)
         self.out_perm = out_perm  # output row t written to row mPerm[t] (Morton: the caller's order)
+        # query row t read from row mPerm[t] of the caller's q straight into the registers (Q_RS), no TMA and no
+        # block-order copy of q (Morton); the output goes through mPerm too; pisa / pwt store the fragment into the
+        # query stage for the q H-bar GEMM (its A operand from registers would outlive the loop: spills)
+        assert not q_perm or (q_rs and out_perm), "q_perm needs q_rs and out_perm"
+        self.q_perm = q_perm
         self.kv_stages = kv_stages
         self.d = head_dim
         self.qk_tiler = (BS, BS, head_dim)  # (M, N, K) of S = Q K^T
@@ -200,7 +211,10 @@ class PiecewiseSparseFwdSm90(TileOps):
 
         self.smem = Smem
         n_q = cute.ceil_div(mQ.shape[0], BS)
-        self.kernel(hs["qk_mma"], hs["pv_mma"], hs["qh_mma"], *hs["tmas"], mO, mVB, mIdx, mPerm, n_vt, scale_log2,
+        tmas = hs["tmas"]
+        if cutlass.const_expr(self.q_perm):  # the query TMA is not used: its tensor slot carries q itself
+            tmas = (tmas[0], mQ) + tmas[2:]
+        self.kernel(hs["qk_mma"], hs["pv_mma"], hs["qh_mma"], *tmas, mO, mVB, mIdx, mPerm, n_vt, scale_log2,
                     scale, sQ_layout, sK_layout, sV_layout).launch(
             grid=[n_q, mQ4.shape[1], mQ4.shape[0]], block=[self.threads, 1, 1], stream=stream,
             min_blocks_per_mp=2)
@@ -250,11 +264,12 @@ class PiecewiseSparseFwdSm90(TileOps):
             cute.arch.setmaxregister_decrease(self.regs_producer)
             if warp == 0:
                 # (TMA, tiles_rows, tiles_cols, (H, B)) views of every source
-                tQs, tQg = self._tma_part(tma_q, sQ, gQt, BS, self.d)
                 tKs, tKg = self._tma_part(tma_k, sK, gKt, BS, self.d)
                 tVs, tVg = self._tma_part(tma_v, sV, gVt, self.d, BS)
-                h = q_prod.acquire_and_advance()
-                cute.copy(tma_q, tQg[(None, i_q, 0, hb)], tQs[(None, h.index)], tma_bar_ptr=h.barrier)
+                if cutlass.const_expr(not self.q_perm):
+                    tQs, tQg = self._tma_part(tma_q, sQ, gQt, BS, self.d)
+                    h = q_prod.acquire_and_advance()
+                    cute.copy(tma_q, tQg[(None, i_q, 0, hb)], tQs[(None, h.index)], tma_bar_ptr=h.barrier)
                 if cutlass.const_expr(self.approx and self.bias_l2):
                     if n_vt > 0:
                         # the bias rows do not stay in L2 at large N (40 x 1182^2 float16 at 720p, read once
@@ -264,26 +279,26 @@ class PiecewiseSparseFwdSm90(TileOps):
                             cute.arch.prefetch(ptr.llvm_ptr, cache_level="L2")
                 for kk in cutlass.range(n_sel, unroll=1):
                     j = mIdx[i_b, i_h, i_q, kk]
-                    if j >= 0:
-                        h = kv_prod.acquire_and_advance()
-                        cute.copy(tma_k, tKg[(None, j, 0, hb)], tKs[(None, h.index)], tma_bar_ptr=h.barrier)
-                        h = kv_prod.acquire_and_advance()
-                        cute.copy(tma_v, tVg[(None, 0, j, hb)], tVs[(None, h.index)], tma_bar_ptr=h.barrier)
+                    if j >= 0:  # (handles named apart from the query tile's: q_perm has none)
+                        hk = kv_prod.acquire_and_advance()
+                        cute.copy(tma_k, tKg[(None, j, 0, hb)], tKs[(None, hk.index)], tma_bar_ptr=hk.barrier)
+                        hk = kv_prod.acquire_and_advance()
+                        cute.copy(tma_v, tVg[(None, 0, j, hb)], tVs[(None, hk.index)], tma_bar_ptr=hk.barrier)
                 if cutlass.const_expr(self.approx):
                     if n_vt > 0:
                         tKbs, tKbg = self._tma_part(tma_kb, sK, gKbt, BS, self.d)
                         tVms, tVmg = self._tma_part(tma_vm, sV, gVmt, self.d, BS)
                         tHs, tHg = self._tma_part(tma_h, sV, gHt, self.d, BS)
                         for t in cutlass.range(n_vt, unroll=1):
-                            h = kv_prod.acquire_and_advance()
-                            cute.copy(tma_kb, tKbg[(None, t, 0, hb)], tKbs[(None, h.index)],
-                                      tma_bar_ptr=h.barrier)
-                            h = kv_prod.acquire_and_advance()
-                            cute.copy(tma_vm, tVmg[(None, 0, t, hb)], tVms[(None, h.index)],
-                                      tma_bar_ptr=h.barrier)
+                            hk = kv_prod.acquire_and_advance()
+                            cute.copy(tma_kb, tKbg[(None, t, 0, hb)], tKbs[(None, hk.index)],
+                                      tma_bar_ptr=hk.barrier)
+                            hk = kv_prod.acquire_and_advance()
+                            cute.copy(tma_vm, tVmg[(None, 0, t, hb)], tVms[(None, hk.index)],
+                                      tma_bar_ptr=hk.barrier)
                         for t in cutlass.range_constexpr(self.d // BS):
-                            h = kv_prod.acquire_and_advance()
-                            cute.copy(tma_h, tHg[(None, 0, t, hb)], tHs[(None, h.index)], tma_bar_ptr=h.barrier)
+                            hk = kv_prod.acquire_and_advance()
+                            cute.copy(tma_h, tHg[(None, 0, t, hb)], tHs[(None, hk.index)], tma_bar_ptr=hk.barrier)
         else:
             cute.arch.setmaxregister_increase(self.regs_consumer)
             ctid = tidx - 128
@@ -313,13 +328,26 @@ class PiecewiseSparseFwdSm90(TileOps):
                 row_sum[r] = 0.0
                 row_g[r] = 0.0
 
-            qh = q_cons.wait_and_advance()
-            if cutlass.const_expr(self.q_rs):
-                # the query tile into registers once: every S GEMM then reads only K from shared memory
+            if cutlass.const_expr(self.q_perm):
+                # each thread's fragment of the query tile from the caller's rows mPerm[t] (gQt carries q);
+                # rows past T are zeros, as the TMA fills them
                 sQi = cute.make_rmem_tensor(tSsQ[(None, None, None, 0)].shape, mO.element_type)
-                cute.autovec_copy(tSsQ[(None, None, None, qh.index)], sQi)
+                self._load_q_rows(sQi, gQt, mPerm, qk_thr, i_q, T, hb)
+                qh_index = 0
+                if cutlass.const_expr(self.approx):
+                    # the same fragment into the query stage (the inverse of Q_RS's copy), visible to the
+                    # wgmma of q H-bar (async proxy) once the whole warpgroup has written its part
+                    cute.autovec_copy(sQi, tSsQ[(None, None, None, 0)])
+                    cute.arch.fence_view_async_shared()
+                    cute.arch.barrier(barrier_id=1, number_of_threads=128)
             else:
-                sQi = tSrQ[(None, None, None, qh.index)]
+                qh = q_cons.wait_and_advance()
+                if cutlass.const_expr(self.q_rs):
+                    # the query tile into registers once: every S GEMM then reads only K from shared memory
+                    sQi = cute.make_rmem_tensor(tSsQ[(None, None, None, 0)].shape, mO.element_type)
+                    cute.autovec_copy(tSsQ[(None, None, None, qh.index)], sQi)
+                else:
+                    sQi = tSrQ[(None, None, None, qh.index)]
             rem = T - (n_kv - 1) * BS  # real tokens in the last block
             alpha = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
             acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
@@ -382,7 +410,8 @@ class PiecewiseSparseFwdSm90(TileOps):
                 if n_vt > 0:
                     # first-order term: acc += s (q H-bar) * g, g = sum_U e(s-hat) (per row, all threads)
                     qh_thr = qh_mma.get_slice(ctid)
-                    tHrQ = qh_thr.make_fragment_A(qh_thr.partition_A(sQ))[(None, None, None, qh.index)]
+                    tHrQ = qh_thr.make_fragment_A(qh_thr.partition_A(sQ))[
+                        (None, None, None, qh_index if cutlass.const_expr(self.q_perm) else qh.index)]
                     tHrH = qh_thr.make_fragment_B(qh_thr.partition_B(sV))
                     acc_h = qh_thr.make_fragment_C(qh_thr.partition_shape_C(self.pv_tiler[:2]))
                     hhs = []
@@ -482,6 +511,11 @@ def _env_flag(name: str, default: bool) -> bool:
     return default if env is None else env.strip() not in ("0", "", "false", "False")
 
 
+def q_perm_enabled() -> bool:
+    """Whether the Morton path hands attention() the caller's q with `perm` (Q_PERM, PSA_CUTE_Q_PERM)."""
+    return _env_flag("PSA_CUTE_Q_PERM", Q_PERM)
+
+
 def out_perm_enabled() -> bool:
     """Whether attention() writes the output through a `perm` it is given (OUT_PERM, PSA_CUTE_OUT_PERM)."""
     return _env_flag("PSA_CUTE_OUT_PERM", OUT_PERM)
@@ -489,11 +523,13 @@ def out_perm_enabled() -> bool:
 
 def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None, q_rs: bool | None = None,
               bias_l2: bool | None = None, bias_pf: bool | None = None, perm: torch.Tensor | None = None,
-              pair: bool | None = None, probe: str = "", recip: bool | None = None, share: bool | None = None):
+              pair: bool | None = None, probe: str = "", recip: bool | None = None, share: bool | None = None,
+              q_perm: bool = False):
     """Fused forward on [B, HC, T, D] bf16 views (unit last stride, 16-byte aligned strides); same
     arguments and meaning as kernels.triton.fwd.attention, except that `perm` (int32 [T], the full Morton
     order: kernels.reorder.full_order) only moves the output rows (q, k, v are read in block order): row t of
-    the result lands in row perm[t] of `out`."""
+    the result lands in row perm[t] of `out`; with q_perm (and perm) query row t is read from row perm[t] of q
+    too (the caller's order: no block-order copy of q; k and v stay block-order copies)."""
     B, HC, T, D = q.shape
     n = -(-T // BS)
     approx = cfg.variant in ("pisa", "pwt")
@@ -517,6 +553,9 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
     if out_perm and (perm.dtype != torch.int32 or perm.shape != (T,) or perm.stride(0) != 1):
         raise ValueError(f"cute backend: perm must be a contiguous int32 [T={T}] tensor, got {perm.dtype} "
                          f"{tuple(perm.shape)}")
+    if q_perm and not out_perm:
+        raise ValueError("cute backend: q_perm reads the query rows through perm: pass perm")
+    q_rs = q_rs or bool(q_perm)  # the query rows go straight into registers
     # the pair build (fwd_pair.py) has Q in registers and neither bias-load experiment nor the output permutation
     if pair is None:
         pair = _env_flag("PSA_CUTE_PAIR", n >= PAIR_MIN_BLOCKS)
@@ -528,7 +567,8 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
         raise ValueError("cute backend: timing probes run on the pair build only")
     recip = pair and (_env_flag("PSA_CUTE_RECIP_STORE", RECIP_STORE) if recip is None else bool(recip))
     share = pair and (_env_flag("PSA_CUTE_PAIR_SHARE", PAIR_SHARE) if share is None else bool(share))
-    key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm, vt_stages, probe, recip, share)
+    key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm, vt_stages, probe, recip, share,
+           bool(q_perm))
     args = [_cute(x) for x in (q, k, v, out, kb, vm, hb)]
     args += [from_dlpack(vb.detach(), assumed_align=vb.element_size()).mark_layout_dynamic(leading_dim=3),
              from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3),
@@ -547,7 +587,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
 
                     kern = PairFwdSm90(stages, vt_stages, D, probe, recip, share)
                 else:
-                    kern = PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2, bias_pf, out_perm)
+                    kern = PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2, bias_pf, out_perm, bool(q_perm))
                 fn = cute.compile(kern, *args, *scal, stream)
                 dt = time.perf_counter() - t0
                 _compile_seconds[str(key)] = dt

@@ -68,6 +68,21 @@ class TileOps:
             cnt[c] = n
 
     @cute.jit
+    def _load_q_rows(self, sQi, mQ, mPerm, qk_thr, i_q, T, hb):
+        """sQi (this thread's register fragment of the 64-row query tile, the S GEMM's A operand) from the rows
+        mPerm[i_q * 64 + r] of the token-major query tensor mQ (T, D, (H, B)); rows past T become zeros. The
+        fragment holds column pairs of one row per register: one 32-bit load each."""
+        tQcQ = qk_thr.partition_A(cute.make_identity_tensor((BS, self.d)))
+        q32 = cute.recast_tensor(mQ, cutlass.Int32)
+        s32 = cute.recast_tensor(sQi, cutlass.Int32)
+        for e in cutlass.range_constexpr(cute.size(s32)):
+            t = i_q * BS + tQcQ[2 * e][0]
+            x = cutlass.Int32(0)
+            if t < T:
+                x = q32[mPerm[t], tQcQ[2 * e][1] // 2, hb]
+            s32[e] = x
+
+    @cute.jit
     def _list_scan(self, mIdx, i_b, i_h, i_q, n_sel, n_kv, rem):
         """(n_valid, kk_tail) of query block i_q's routed list: routed blocks come first, -1 padding after them.
         Each warp reads the list 32 entries at a time (one load per lane) and counts by ballot; kk_tail = the
