@@ -253,18 +253,18 @@ PYEOF
     if grep -qE "failed|error" "$OUT/tests_pair.log" || ! grep -q "passed" "$OUT/tests_pair.log"; then SHARE=0; fi
     log "decision: PSA_CUTE_PAIR_SHARE=${SHARE:-0} ($(tail -1 "$OUT/cute_pair_share.txt" | cut -c1-2500))"
     export PSA_CUTE_PAIR_SHARE=${SHARE:-0}
-    # the query rows through the permutation (PSA_CUTE_Q_PERM: no q copy, no scatter; the one-block kernel) against
-    # the default Morton path, as the node calls it, at 480p, 720p and FLUX.1: on if faster in both rounds at all
-    # three with the same output
+    # the query rows through the permutation (PSA_CUTE_Q_PERM: no q copy, no scatter; the one-block kernel, so
+    # only below the pair kernel's 512 blocks) against the default Morton path, as the node calls it, at FLUX.1
+    # (480p / 720p, where the pair kernel runs, come out unchanged: a check): on if faster there in both rounds
+    # with the same output
     log "cute_out_perm PSA_CUTE_Q_PERM"
     timeout -k 10 200 python bench/probes/cute_out_perm.py PSA_CUTE_Q_PERM 0 1 --flux > "$OUT/cute_q_perm.txt" 2>&1
     QP=$(python - "$OUT/cute_q_perm.txt" <<'PYEOF'
 import json, sys
 lines = [ln for ln in open(sys.argv[1]) if ln.startswith("RESULT ")]
 r = json.loads(lines[0][7:]) if lines else {}
-d = [r[s] for s in ("wan14", "wan14_720", "flux") if s in r]
-print(int(len(d) == 3 and all(x.get("maxdiff", 1) <= 1e-2 and all(x[f"op1_r{i}_ms"] < x[f"op0_r{i}_ms"] for i in range(2))
-                             for x in d)))
+x = r.get("flux", {})
+print(int(x.get("maxdiff", 1) <= 1e-3 and all(x.get(f"op1_r{i}_ms", 1e9) < x.get(f"op0_r{i}_ms", 0) for i in range(2))))
 PYEOF
 )
     log "decision: PSA_CUTE_Q_PERM=${QP:-0} ($(tail -1 "$OUT/cute_q_perm.txt" | cut -c1-1500))"

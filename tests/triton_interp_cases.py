@@ -477,7 +477,7 @@ def _():
                 p_ = perm.long()
                 o_[:, :, p_] = fwd.attention(q_[:, :, p_], kg, vg, torch.empty_like(kg), *a, **kw)
                 return o_
-            q_perm_attention.reads_q_perm = lambda: True
+            q_perm_attention.reads_q_perm = lambda T, cfg: True
             for frac in ("1", "0"):
                 os.environ["PSA_MORTON_SCRATCH"] = frac
                 for name, att in (("no_perm", lambda *a, **kw: fwd.attention(*a, **kw)),

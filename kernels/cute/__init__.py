@@ -186,11 +186,11 @@ def _writes_out_perm() -> bool:
 _attention.writes_out_perm = _writes_out_perm
 
 
-def _reads_q_perm() -> bool:
+def _reads_q_perm(T: int, cfg: SparseConfig) -> bool:
     """kernels.triton._forward_gathered asks: True when _attention reads the caller's query rows through the
-    Morton permutation (kernels/cute/fwd.py Q_PERM, PSA_CUTE_Q_PERM), so only k and v are copied into block
-    order (and the output rows go through the permutation as well)."""
-    return _cute is not None and _cute.q_perm_enabled()
+    Morton permutation for this problem (kernels/cute/fwd.py Q_PERM, PSA_CUTE_Q_PERM; the one-block kernel), so
+    only k and v are copied into block order (and the output rows go through the permutation as well)."""
+    return _cute is not None and _cute.q_perm_enabled(T, cfg.variant)
 
 
 _attention.reads_q_perm = _reads_q_perm

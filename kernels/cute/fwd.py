@@ -93,8 +93,9 @@ OUT_PERM = False
 # Morton: the query rows read through the permutation from the caller's q straight into the consumer's registers
 # (and the output written through it), so the statistics kernel copies only k and v into block order, as for the
 # Triton attention: one q-sized copy and the scatter pass less (FLUX.1 1024^2: 2 x 28 MiB written and read back,
-# ~0.04 ms by arithmetic; memory 1.8x -> ~1.3x q at Wan2.1-14B). One-block kernel only (the pair kernel keeps its
-# block-order copies). PSA_CUTE_Q_PERM=1/0 overrides. Compiled (no spills), not yet run on a GPU: off
+# ~0.04 ms by arithmetic; memory 1.8x -> ~1.3x q at Wan2.1-14B). One-block kernel only: where the pair kernel
+# runs (pisa / pwt from PAIR_MIN_BLOCKS on) the copies stay (q_perm_enabled). PSA_CUTE_Q_PERM=1/0 overrides.
+# Compiled (no spills), not yet run on a GPU: off
 Q_PERM = False
 # pisa / pwt: two query blocks per CTA reading the virtual-token tiles once (fwd_pair.py) from PAIR_MIN_BLOCKS KV
 # blocks on (PSA_CUTE_PAIR=1/0 forces it on / off, PSA_CUTE_VT_STAGES its shared stages). H200, session 7
@@ -511,9 +512,15 @@ def _env_flag(name: str, default: bool) -> bool:
     return default if env is None else env.strip() not in ("0", "", "false", "False")
 
 
-def q_perm_enabled() -> bool:
-    """Whether the Morton path hands attention() the caller's q with `perm` (Q_PERM, PSA_CUTE_Q_PERM)."""
-    return _env_flag("PSA_CUTE_Q_PERM", Q_PERM)
+def q_perm_enabled(T: int | None = None, variant: str = "pwt") -> bool:
+    """Whether the Morton path hands attention() the caller's q with `perm` (Q_PERM, PSA_CUTE_Q_PERM): only
+    where the one-block kernel runs anyway (T tokens: below PAIR_MIN_BLOCKS KV blocks, or drop, or the pair
+    kernel forced off), since the pair kernel reads block-order copies."""
+    if not _env_flag("PSA_CUTE_Q_PERM", Q_PERM):
+        return False
+    if T is None or variant not in ("pisa", "pwt"):
+        return True
+    return not _env_flag("PSA_CUTE_PAIR", -(-T // BS) >= PAIR_MIN_BLOCKS)
 
 
 def out_perm_enabled() -> bool:

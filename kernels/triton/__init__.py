@@ -287,7 +287,7 @@ def _forward_gathered(q, k, v, cfg, perm, fperm, n_prefix, config, scratch, atte
     hc = _even_chunks(H, min(hc, _copy_heads(q, 2)))
     kw = {} if config is None else {"config": config}
     reads_q = getattr(attention, "reads_q_perm", None)
-    if own_attention or (reads_q is not None and reads_q()):  # an attention that reads q through fperm itself
+    if own_attention or (reads_q is not None and reads_q(T, cfg)):  # an attention that reads q through fperm itself
         out = _output_like(q, out_bthd)
         kvg = torch.empty((2, B, hc, T, D), device=q.device, dtype=q.dtype)
         for h0 in range(0, H, hc):
