@@ -90,12 +90,9 @@ BIAS_PF = False
 # (bench/probes/cute_out_perm.py, session 6, two rounds): 480p 8.00 / 8.77 ms vs 8.10 / 8.09 with the scatter,
 # 720p 41.12 / 40.29 vs 39.89 / 40.48, and more memory (its output cannot go over the q copy): off
 OUT_PERM = False
-# Morton: the query rows read through the permutation from the caller's q straight into the consumer's registers
-# (and the output written through it), so the statistics kernel copies only k and v into block order, as for the
-# Triton attention: one q-sized copy and the scatter pass less (FLUX.1 1024^2: 2 x 28 MiB written and read back,
-# ~0.04 ms by arithmetic; memory 1.8x -> ~1.3x q at Wan2.1-14B). One-block kernel only: where the pair kernel
-# runs (pisa / pwt from PAIR_MIN_BLOCKS on) the copies stay (q_perm_enabled). PSA_CUTE_Q_PERM=1/0 overrides.
-# Compiled (no spills), not yet run on a GPU: off
+# Morton: the query rows read through the permutation into the consumer's registers, the output written through it:
+# only k and v copied, no scatter (FLUX.1 1024^2: ~0.04 ms less by arithmetic). One-block kernel only, so not where
+# the pair kernel runs (q_perm_enabled). PSA_CUTE_Q_PERM=1/0 overrides. Not yet run on a GPU: off
 Q_PERM = False
 # pisa / pwt: two query blocks per CTA reading the virtual-token tiles once (fwd_pair.py) from PAIR_MIN_BLOCKS KV
 # blocks on (PSA_CUTE_PAIR=1/0 forces it on / off, PSA_CUTE_VT_STAGES its shared stages). H200, session 7
@@ -104,12 +101,10 @@ Q_PERM = False
 # 720p (1182 blocks) by 0.7-2.8 ms of ~37 (35.65 / 35.97 vs 38.46 / 37.04); across separate runs (pieces.py runs 15
 # and 17) the attention times match within their spread. Smaller problems (FLUX.1, 72 blocks) keep this kernel
 PAIR_MIN_BLOCKS = 512
-# the pair build's epilogue multiplies by one reciprocal per row instead of dividing every element (each division a
-# check and a slow-path call in its SASS; both warpgroups end together there, so the epilogue is not hidden behind
-# another CTA). Measured 2026-12-01 (session 8, cute_pair.py --fold, alternated, two rounds): 480p 6.74 / 6.82 ms vs
-# 6.77 / 6.85, 720p 35.15 / 35.61 vs 35.44 / 35.76: a small win in all four pairings. PSA_CUTE_RECIP_STORE=1/0
-# overrides. (Folded bias rows, float32 log2-unit rows with the token counts added, measured no faster in the same
-# run, 6.78 / 6.99 and 35.44 / 36.14 ms with their torch pass, and were removed.)
+# the pair build's epilogue multiplies by one reciprocal per row instead of dividing every element. Session 8
+# (cute_pair.py --fold, alternated, two rounds): 480p 6.74 / 6.82 ms vs 6.77 / 6.85, 720p 35.15 / 35.61 vs 35.44 /
+# 35.76, faster in all four pairings (folded bias rows measured no faster there and were removed). Env
+# PSA_CUTE_RECIP_STORE=1/0 overrides.
 RECIP_STORE = True
 # the pair build with one exact-tile pipeline fed the union of its two query blocks' lists (fwd_pair.py, share): a
 # block that both lists hold is loaded once. PSA_CUTE_PAIR_SHARE=1/0 overrides. Not yet run on a GPU: off
