@@ -8,8 +8,8 @@
 # session 6's round, after A-E: F (carry [".carry/cs_a"]), G (carry [".carry/cs_b"]), E; P (no carry, after A and B):
 # Nsight Compute on the CuTe attention, drop vs pwt. Session 7: H (carry [".carry/cs_a"]), I / J (carry
 # [".carry/cs_b"]), L (pieces), E. Next: a stash call (carry [".carry/cs_a"], command `. bench/install_cute_site.sh`),
-# then M (carry [".carry/cs_b"]: the folded bias rows), L (no carry needed once the site is unpacked), E. Session 8:
-# stash, M, then (after the shared exact pipeline was built) stash, N (carry [".carry/cs_b"]), L, E.
+# then M (carry [".carry/cs_b"]: the folded bias rows; run once in session 8 and removed with that option), L (no
+# carry needed once the site is unpacked), E. Next: stash, N (carry [".carry/cs_b"]), L, E.
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
 # times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
@@ -208,11 +208,6 @@ J)  # session 7, after a call that stashed .carry/cs_a (carry .carry/cs_b): the 
     log "cute_pair $(tail -1 "$OUT/cute_pair.txt" | cut -c1-300)"
     timeout 200 python bench/probes/cute_pair.py --split > "$OUT/cute_pair_split.txt" 2>&1
     log "cute_pair --split rc=$?"
-    ;;
-M)  # session 8 (carry .carry/cs_b after a call that stashed .carry/cs_a): the pair kernel's folded bias rows and
-    # reciprocal epilogue (run once, bench/results/cute_pair_s8_h200.txt: the reciprocal epilogue is now the
-    # default, the folded rows are gone); kept for the record, its probe mode no longer exists
-    echo "phase M ran in session 8; see bench/results/cute_pair_s8_h200.txt"; exit 2
     ;;
 N)  # session 8, after a stash call (carry .carry/cs_b): the pair kernel with one exact pipeline over the union of
     # both lists (PSA_CUTE_PAIR_SHARE) - its tests, the probe on random and DiT-like inputs, the pick L and E then

@@ -15,6 +15,8 @@ from .reorder import orders_on
 
 log = logging.getLogger("piecewise_sparse_attention")
 
+OUT_LAYOUTS = ("q", "bthd")
+
 
 def _check_tensors(q, k, v) -> None:
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -107,9 +109,6 @@ def piecewise_sparse_attention(q, k, v, *, density=0.125, variant="pwt", band=1,
     return _run(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure, bthd)
 
 
-OUT_LAYOUTS = ("q", "bthd")
-
-
 def _run(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure, bthd):
     """The call, through a cached CUDA graph of it where kernels.graphs allows (fast backends only; the graph's
     output keeps its layout through the clone it returns)."""
@@ -125,7 +124,8 @@ def _run(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure, bthd):
 
 def _compute(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure, bthd):
     """The call on one backend; with bthd its output's memory in [B, T, H, D] order: written so by a backend
-    with OUT_BTHD (its forward's out_bthd), copied into it after any other (the torch reference)."""
+    with OUT_BTHD (its forward's out_bthd) where it allocates the output itself, copied into it here after
+    anything else (the torch reference, autograd, a split batch): the one place that guarantees the layout."""
     return _in_layout(_compute_q(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure, bthd), bthd)
 
 

@@ -24,7 +24,6 @@ import torch
 
 from .. import triton as _kt
 from ..config import SparseConfig
-from ..layout import in_layout
 
 log = logging.getLogger("piecewise_sparse_attention")
 
@@ -250,12 +249,13 @@ def forward(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None, n_p
     """Piecewise sparse attention on [B, H, T, D] (kernels.dispatch contract): Triton statistics and routing
     (detached), CuTe attention. With `perm` (kernels.reorder.orders_on(...)[0], the tokens after `n_prefix`)
     q/k/v and the output stay in the caller's order: the statistics kernel gathers, one pass scatters back.
-    out_bthd: the output written with its memory in [B, T, H, D] order (kernels.triton._output_like)."""
+    out_bthd: the op writes the output with its memory in [B, T, H, D] order (kernels.triton._output_like;
+    kernels.api copies a split batch's output into it)."""
     _require()
     split = _kt.split_large_batch(lambda qb, kb, vb: forward(qb, kb, vb, cfg, perm=perm, n_prefix=n_prefix),
                                   q, k, v)
     if split is not None:
-        return in_layout(split, out_bthd)
+        return split
     with torch.no_grad():
         if _OP is not None:
             return _OP(q, k, v, float(cfg.density), cfg.variant, int(cfg.band), int(cfg.n_sink_blocks),

@@ -130,19 +130,18 @@ class TileOps:
         """The epilogue: the output tile normalised by the (quad-summed) row sums, the rows that exist stored.
         recip: one division per row and a multiply per element instead of 64 IEEE divisions per thread (each a
         check and a slow-path call in the SASS); the result can differ in the last bit of the float32 quotient."""
+        inv = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Float32)
         if cutlass.const_expr(recip):
-            inv = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Float32)
             for r in cutlass.range_constexpr(2):
                 inv[r] = 1.0 / row_sum[r]
-            for e in cutlass.range_constexpr(cute.size(acc_o)):
-                t_row = i_q * BS + tOcO[e][0]
-                if t_row < T:
-                    mO[t_row, tOcO[e][1], hb] = (acc_o[e] * inv[self._row_slot_e(e)]).to(mO.element_type)
-        else:
-            for e in cutlass.range_constexpr(cute.size(acc_o)):
-                t_row = i_q * BS + tOcO[e][0]
-                if t_row < T:
-                    mO[t_row, tOcO[e][1], hb] = (acc_o[e] / row_sum[self._row_slot_e(e)]).to(mO.element_type)
+        for e in cutlass.range_constexpr(cute.size(acc_o)):
+            t_row = i_q * BS + tOcO[e][0]
+            if t_row < T:
+                if cutlass.const_expr(recip):
+                    x = acc_o[e] * inv[self._row_slot_e(e)]
+                else:
+                    x = acc_o[e] / row_sum[self._row_slot_e(e)]
+                mO[t_row, tOcO[e][1], hb] = x.to(mO.element_type)
 
     @cute.jit
     def _softmax_tile(self, acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, is_virtual,

@@ -20,7 +20,7 @@ import torch
 
 from ..config import SparseConfig
 from ..dispatch import on_device
-from ..layout import bthd_empty, in_layout
+from ..layout import bthd_empty
 
 try:
     import triton  # noqa: F401
@@ -386,7 +386,8 @@ def forward(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None, n_p
             out_bthd: bool = False):
     """Piecewise sparse attention on [B, H, T, D] (kernels.dispatch contract). Routing is detached. When q, k
     or v needs a gradient (and grad mode is on) the differentiable op of train.py runs (backward: bwd.py).
-    out_bthd: the output written with its memory in [B, T, H, D] order (_output_like), else in q's layout.
+    out_bthd: the no-grad op writes the output with its memory in [B, T, H, D] order (_output_like), else in q's
+    layout (kernels.api copies the other paths' outputs into the layout asked for).
 
     perm: optional Morton permutation of the tokens after `n_prefix` (kernels.reorder.orders_on(...)[0]);
     when given, q/k/v/out stay in the caller's order: the statistics kernel gathers (REORDER_IN), one pass
@@ -396,10 +397,10 @@ def forward(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None, n_p
         raise RuntimeError(f"triton backend unavailable: {_IMPORT_ERROR}")
     split = split_large_batch(lambda qb, kb, vb: forward(qb, kb, vb, cfg, perm=perm, n_prefix=n_prefix), q, k, v)
     if split is not None:
-        return in_layout(split, out_bthd)
+        return split
     if _train.needs_grad(q, k, v):
         # autograd: the op that saves row statistics and has a backward (train.py)
-        return in_layout(_train.forward(q, k, v, cfg, perm=perm, n_prefix=n_prefix), out_bthd)
+        return _train.forward(q, k, v, cfg, perm=perm, n_prefix=n_prefix)
     args = (q, k, v, float(cfg.density), cfg.variant, int(cfg.band), int(cfg.n_sink_blocks),
             bool(cfg.cov_bias), int(cfg.block_size), float(cfg.scale), perm, int(n_prefix), bool(out_bthd))
     with torch.no_grad():
