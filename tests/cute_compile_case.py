@@ -85,6 +85,10 @@ for name, make, vbias, reg_bound in builds:
         # ptxas's own warning when it cannot keep wgmma asynchronous (accumulators touched in flight, a wgmma
         # behind a branch it cannot follow): every GEMM then waits for the previous one
         rec["wgmma_serialized"] = "serialized" in txt
+    if ptx:
+        # mbarrier waits on a constant slot parity (a pipeline's first slot, or a state the trace lost track of)
+        src = open(os.path.join(dump, ptx[0])).read()
+        rec["const_parity_waits"] = len(re.findall(r"try_wait\.parity\.shared\.b64 P1, \[%r\d+\], \d+,", src))
     out[name] = rec
 shutil.rmtree(dump, ignore_errors=True)
 

@@ -64,3 +64,14 @@ def test_query_fragment_holds_column_pairs_of_one_row(res):
     32-bit load: that needs elements 2e, 2e + 1 of every thread's fragment to be adjacent columns of one row."""
     r = res["q_fragment_pairs"]
     assert r["checked"] == 128 and r["bad"] == [], r
+
+
+def test_shared_exact_pipeline_tracks_its_state_across_passes(res):
+    """The shared exact pipeline (fwd_pair share=True) waits for the other list's tiles in a dynamic loop before a
+    consumer's first own tile, so that tile's wait is on a run-time slot. The first build kept the consumer's
+    state from before that loop (the DSL carries a loop's state in a new object, bound to the helper's own name):
+    its first own wait was on slot 0, phase 0, a constant, and the kernel hung on the H200 (session 9). The one-list
+    build waits on slot 0 there, so the shared build has one constant-parity wait fewer."""
+    own, share = res["pisa/pwt pair recip"], res["pisa/pwt pair recip share"]
+    assert "const_parity_waits" in own and "const_parity_waits" in share, (own, share)
+    assert share["const_parity_waits"] == own["const_parity_waits"] - 1, (own, share)

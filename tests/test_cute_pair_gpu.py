@@ -208,3 +208,20 @@ def test_pair_reciprocal_epilogue(shape, monkeypatch):
     mul = _run(q, k, v, cfg, r, monkeypatch, True)
     assert torch.isfinite(mul).all()
     assert rel(mul, div) <= 1e-3 and rel(mul, ref) <= REF_TOL
+
+
+def test_pair_shared_exact_tiles_fall_back_above_the_shared_list_size(monkeypatch):
+    # lists longer than fwd.PAIR_SHARE_MAX_SEL (the kernel's shared-memory copy of both lists) keep the own-list
+    # pipelines even when the shared one is asked for: 600 blocks at density 0.5 -> 300 routed blocks per list
+    from kernels.cute import fwd as CF
+    q, k, v = (rnd((1, 1, 600 * 64, 128), seed=120 + s) for s in range(3))
+    cfg = cfg_of(128, 0.5, "pwt")
+    from kernels.routing import block_stats, route
+    r = route(block_stats(q, k, v, cfg.block_size), cfg)  # (the routing only: no float64 reference at T 38400)
+    assert r.idx.shape[-1] > CF.PAIR_SHARE_MAX_SEL
+    monkeypatch.setenv("PSA_CUTE_PAIR_SHARE", "0")
+    own = _run(q, k, v, cfg, r, monkeypatch, True)
+    monkeypatch.setenv("PSA_CUTE_PAIR_SHARE", "1")
+    asked = _run(q, k, v, cfg, r, monkeypatch, True)
+    assert torch.equal(asked, own)
+    assert not any(key[11] for key in CF._compiled if key[8]), list(CF._compiled)  # no shared build compiled

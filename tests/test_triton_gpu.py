@@ -119,3 +119,22 @@ def test_morton_gathered_in_the_statistics_kernel_as_the_node_calls_it(variant, 
     no_perm = kt._forward_impl(q, k, v, cfg, perm=perm, n_prefix=npre,
                                attention=lambda *a, **kw: fwd.attention(*a, **{**kw, "config": pin}))
     assert chunked.stride() == q.stride() and rel(chunked, sep) <= 1e-3 and rel(no_perm, sep) <= 1e-3
+
+
+@pytest.mark.parametrize("reorder", ["none", "morton"])
+def test_token_major_output_as_the_node_asks_for_it(reorder, monkeypatch):
+    """out_layout="bthd" (the node's FLUX call: [B, H, L, D] in, the output written token-major so that ComfyUI's
+    transpose + reshape is a view): the same values as the default layout, in [B, T, H, D] memory; on the plain
+    path and through the Morton permutation with text tokens first."""
+    from kernels import piecewise_sparse_attention as psa
+    from kernels.layout import is_bthd
+    grid, npre, H, D = (16, 16), 128, 3, 128
+    q, k, v = (rnd((1, H, npre + 256, D), seed=150 + s) for s in range(3))
+    kw = dict(density=0.25, variant="pwt", n_sink_blocks=2, backend="triton", on_failure="raise")
+    if reorder == "morton":
+        kw.update(reorder="morton", grid=grid, n_prefix=npre)
+    monkeypatch.setenv("PSA_CUDA_GRAPHS", "0")
+    base = psa(q, k, v, **kw)
+    out = psa(q, k, v, out_layout="bthd", **kw)
+    assert is_bthd(out) and not is_bthd(base) and torch.isfinite(out).all()
+    assert rel(out, base) <= 1e-5, rel(out, base)

@@ -5,12 +5,13 @@ written over the q copy and scattered back (PSA_CUTE_OUT_PERM=0) and written thr
 outputs (the same arithmetic: 0 expected). CUDA graphs off (these sizes are above their token limit anyway).
 Prints one line `RESULT {...}`; bench/gpu_round.sh B picks from it.
 
-    python bench/probes/cute_out_perm.py [NAME A B] [--flux]
+    python bench/probes/cute_out_perm.py [NAME A B] [--flux | --flux-only]
 
 alternates another environment variable instead (keys op<A> / op<B>), e.g. `PSA_MORTON_SCRATCH 0 1`: the copies in
 one chunk (0) against the 2 head chunks of 20 with a scatter each (1, the default since session 6), or
 `PSA_CUTE_Q_PERM 0 1 --flux`: the query rows read through the permutation by the kernel (no q copy, no scatter)
-against the block-order copies, at FLUX.1 1024^2 too (24 heads, 512 text tokens first, 8 sink blocks, d 0.2).
+against the block-order copies, at FLUX.1 1024^2 too (24 heads, 512 text tokens first, 8 sink blocks, d 0.2;
+`--flux-only`: there alone).
 """
 import json
 import math
@@ -24,13 +25,13 @@ sys.path.insert(0, ".")
 os.environ["PSA_CUDA_GRAPHS"] = "0"
 from kernels import piecewise_sparse_attention as psa  # noqa: E402
 
-ARGS = [a for a in sys.argv[1:] if a != "--flux"]
+ARGS = [a for a in sys.argv[1:] if a not in ("--flux", "--flux-only")]
 ENV, VALS = (ARGS[0], tuple(ARGS[1:3])) if len(ARGS) == 3 else ("PSA_CUTE_OUT_PERM", ("0", "1"))
 res = {"env": ENV}
 # (name, grid, heads, text tokens in front, density, sink blocks); FLUX.1 1024^2 in its [B, H, L, D] memory
 SHAPES = [("wan14", (21, 30, 52), 40, 0, 0.125, 0), ("wan14_720", (21, 45, 80), 40, 0, 0.125, 0)]
-if "--flux" in sys.argv:
-    SHAPES.append(("flux", (64, 64), 24, 512, 0.2, 8))
+if "--flux" in sys.argv or "--flux-only" in sys.argv:
+    SHAPES = SHAPES * ("--flux-only" not in sys.argv) + [("flux", (64, 64), 24, 512, 0.2, 8)]
 for name, grid, H, npre, density, sinks in SHAPES:
     T, D = npre + math.prod(grid), 128
     x = (torch.randn(1, H, T, D, device="cuda", dtype=torch.bfloat16) if npre else

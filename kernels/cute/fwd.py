@@ -77,13 +77,11 @@ D_SUPPORTED = 128
 # session 4; on and off alternated twice per shape in each of two runs): faster in 20 of 24 pairs, by up to 12%
 # (e.g. Wan2.1-14B 480p pwt 6.60-6.95 vs 6.95-7.11 ms), within a ~5% run-to-run spread; bitwise the same output
 Q_RS = True
-# pisa / pwt: the producer prefetches the query block's bias row into L2 (PSA_CUTE_BIAS_L2=1/0 overrides). H200
-# (bench/probes/bias_l2.py, 2026-12-01 session 6, two rounds): pwt 480p 6.89 / 7.05 ms vs 7.20 / 6.97 off, 720p
-# 35.98 / 37.33 vs 35.84 / 37.17: no gain, off
+# pisa / pwt: the producer prefetches the query block's bias row into L2 (PSA_CUTE_BIAS_L2). H200 (bias_l2.py, session
+# 6, two rounds): 480p 6.89 / 7.05 ms vs 7.20 / 6.97 off, 720p 35.98 / 37.33 vs 35.84 / 37.17: no gain, off
 BIAS_L2 = False
-# pisa / pwt: a virtual tile's bias row and counts are loaded right after the previous tile's softmax instead of
-# at the top of its own iteration (PSA_CUTE_BIAS_PF=1/0 overrides). Same arithmetic; measured slower (same probe:
-# 480p 7.61 / 7.54 ms, 720p 38.71 / 39.25): off
+# pisa / pwt: a virtual tile's bias loaded right after the previous tile's softmax, not at the top of its own
+# iteration (PSA_CUTE_BIAS_PF). Same probe: slower (480p 7.61 / 7.54 ms, 720p 38.71 / 39.25): off
 BIAS_PF = False
 # Morton: the output rows are written through the permutation (PSA_CUTE_OUT_PERM=1/0 overrides), straight into the
 # caller's layout, so the separate scatter pass goes; q, k, v stay block-order copies (their TMA loads). H200
@@ -91,24 +89,23 @@ BIAS_PF = False
 # 720p 41.12 / 40.29 vs 39.89 / 40.48, and more memory (its output cannot go over the q copy): off
 OUT_PERM = False
 # Morton: the query rows read through the permutation into the consumer's registers, the output written through it:
-# only k and v copied, no scatter (FLUX.1 1024^2: ~0.04 ms less by arithmetic). One-block kernel only, so not where
-# the pair kernel runs (q_perm_enabled). PSA_CUTE_Q_PERM=1/0 overrides. Not yet run on a GPU: off
+# only k and v copied, no scatter. One-block kernel only (q_perm_enabled). PSA_CUTE_Q_PERM=1/0 overrides. Session 9:
+# correct; FLUX.1 1024^2 through psa 1.20 / 1.22 ms vs 1.01 / 1.27 (host-bound, no pick; cute_q_perm_s9_h200.txt): off
 Q_PERM = False
 # pisa / pwt: two query blocks per CTA reading the virtual-token tiles once (fwd_pair.py) from PAIR_MIN_BLOCKS KV
-# blocks on (PSA_CUTE_PAIR=1/0 forces it on / off, PSA_CUTE_VT_STAGES its shared stages). H200, session 7
-# (bench/probes/cute_pair.py, attention alone, alternated with this kernel in one process, pwt d 0.125): faster in
-# every pairing of the kept build, Wan2.1-14B 480p (512 blocks) by 0.04-0.26 ms of ~7 (6.83 / 7.04 vs 6.87 / 7.28),
-# 720p (1182 blocks) by 0.7-2.8 ms of ~37 (35.65 / 35.97 vs 38.46 / 37.04); across separate runs (pieces.py runs 15
-# and 17) the attention times match within their spread. Smaller problems (FLUX.1, 72 blocks) keep this kernel
+# blocks on (PSA_CUTE_PAIR=1/0 forces it, PSA_CUTE_VT_STAGES its shared stages). H200, session 7 (cute_pair.py,
+# attention alone, alternated, pwt d 0.125): faster in every pairing, 480p (512 blocks) 6.83 / 7.04 vs 6.87 / 7.28 ms,
+# 720p (1182) 35.65 / 35.97 vs 38.46 / 37.04. Smaller problems (FLUX.1, 72 blocks) keep this kernel
 PAIR_MIN_BLOCKS = 512
-# the pair build's epilogue multiplies by one reciprocal per row instead of dividing every element. Session 8
-# (cute_pair.py --fold, alternated, two rounds): 480p 6.74 / 6.82 ms vs 6.77 / 6.85, 720p 35.15 / 35.61 vs 35.44 /
-# 35.76, faster in all four pairings (folded bias rows measured no faster there and were removed). Env
+# the pair build's epilogue multiplies by one reciprocal per row instead of dividing every element (session 8,
+# cute_pair.py, two rounds: 480p 6.74 / 6.82 ms vs 6.77 / 6.85, 720p 35.15 / 35.61 vs 35.44 / 35.76). Env
 # PSA_CUTE_RECIP_STORE=1/0 overrides.
 RECIP_STORE = True
 # the pair build with one exact-tile pipeline fed the union of its two query blocks' lists (fwd_pair.py, share): a
-# block that both lists hold is loaded once. PSA_CUTE_PAIR_SHARE=1/0 overrides. Not yet run on a GPU: off
+# block both lists hold is loaded once. Session 9: correct, 1.3-1.7 ms slower at 480p with the lists read from global
+# memory (cute_pair_share_s9_h200.txt); now from shared memory, not yet timed. PSA_CUTE_PAIR_SHARE=1/0 overrides
 PAIR_SHARE = False
+PAIR_SHARE_MAX_SEL = 256  # both lists in its shared memory (2 KiB); longer ones keep a pipeline per list
 PAIR_VT_STAGES = 3  # its shared virtual-tile stages (cute_pair.py, session 7: 3 fastest at 720p, 2-4 equal at 480p)
 
 
@@ -569,6 +566,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
         raise ValueError("cute backend: timing probes run on the pair build only")
     recip = pair and (_env_flag("PSA_CUTE_RECIP_STORE", RECIP_STORE) if recip is None else bool(recip))
     share = pair and (_env_flag("PSA_CUTE_PAIR_SHARE", PAIR_SHARE) if share is None else bool(share))
+    share = share and idx.shape[-1] <= PAIR_SHARE_MAX_SEL
     key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm, vt_stages, probe, recip, share,
            bool(q_perm))
     args = [_cute(x) for x in (q, k, v, out, kb, vm, hb)]

@@ -48,7 +48,13 @@ random inputs, two rounds; raw output bench/results/cute_pair_s7_h200.txt):
     check and a slow-path call each in the SASS, and here both warpgroups' epilogues are exposed at once):
     session 8, faster in all four pairings (480p 6.74 / 6.82 vs 6.77 / 6.85 ms, 720p 35.15 / 35.61 vs 35.44 /
     35.76), the default (fwd.RECIP_STORE).
-  * share=True: compiled for sm_90a (168 registers, no spills, wgmma kept asynchronous), not yet run on a GPU.
+  * share=True, session 9 (cute_pair_share_s9_h200.txt; the first build hung: _pass lost the consumer's state,
+    see its docstring): every pair test passed, the output equal to the own-list build's (max diff 0), but slower
+    everywhere, also where adjacent lists share 61-68% of their blocks (DiT-like): exact part (no virtual tiles)
+    480p 7.72 vs 6.01 ms random, 7.17 vs 5.82 DiT-like; 720p 40.4 vs 29.8, 36.0 vs 28.7. The lists were then read
+    from global memory at every union tile, by the producer and by each consumer between its GEMMs: a dependent
+    ~1 us load per tile against a ~0.5 us tile step. Both now read a shared-memory copy (lists up to
+    SHARE_MAX_SEL), compiled (168 registers, no spills), not yet timed.
   * Tried and not kept, both with the consumer inside a loop over work items: a persistent grid (one CTA per SM,
     items round-robin) ran the exact part 0.55 ms slower at 480p (6.55 vs 6.00 ms without virtual tiles) and
     3.5 ms at 720p; CTAs of 1, 2 or 4 adjacent pairs were slower even at one (7.96 / 8.06 ms pwt at 480p). In the
@@ -69,10 +75,14 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import warpgroup
 
-from .fwd import PAIR_VT_STAGES, PiecewiseSparseFwdSm90
+from .fwd import PAIR_SHARE_MAX_SEL, PAIR_VT_STAGES, PiecewiseSparseFwdSm90
 from .tile_ops import BS, LOG2E
 
 KV_STAGES = 4  # per consumer (fwd.py's measured best at 2 CTAs per SM)
+# share: both routed lists are copied into shared memory at the CTA's start (2 x this many int32), so the producer's
+# merge and each consumer's gap walk read them there, off the global-memory latency (fwd.attention: longer lists
+# keep the own-list pipelines)
+SHARE_MAX_SEL = PAIR_SHARE_MAX_SEL
 VT_STAGES = PAIR_VT_STAGES  # the shared virtual-tile pipeline
 
 
@@ -134,6 +144,8 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
             sKV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
             sKVp: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sKp_layout)], 1024]
+            if cutlass.const_expr(self.share):  # the own-list build's layout stays as it was
+                sL: cute.struct.MemRange[cutlass.Int32, 2 * SHARE_MAX_SEL]
 
         self.smem = Smem
         n_q = cute.ceil_div(mQ.shape[0], BS)
@@ -162,50 +174,54 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
             self._bias_slots(bias, cnt, tScS, t, n_kv, n_last, lambda c, jj: bias_h[c].to(cutlass.Float32) * LOG2E)
 
     @cute.jit
-    def _head(self, mIdx, i_b, i_h, i_q, j, n, n_kv):
-        """Entry j of query block i_q's list of n routed blocks; n_kv (after every block) past its end."""
-        v = mIdx[i_b, i_h, i_q, cutlass.max(cutlass.min(j, n - 1), 0)]
+    def _head(self, sL, col, j, n, n_kv):
+        """Entry j of list col (0: query block 2p, 1: 2p + 1; in shared memory) of n routed blocks; n_kv (after
+        every block) past its end."""
+        v = sL[cutlass.max(cutlass.min(j, n - 1), 0), col]
         if j >= n:
             v = n_kv
         return v
 
     @cute.jit
-    def _gap(self, mIdx, i_b, i_h, i_o, jo, n_o, n_kv, a):
-        """share: (g, jo') = the union tiles before block a that only the other list (i_o's, n_o entries, cursor
-        jo) holds, and that list's cursor past a (both lists ascend, so the union is their sorted merge)."""
+    def _gap(self, sL, co, jo, n_o, n_kv, a):
+        """share: (g, jo') = the union tiles before block a that only the other list (column co, n_o entries,
+        cursor jo) holds, and that list's cursor past a (both lists ascend, so the union is their sorted merge)."""
         g = cutlass.Int32(0)
-        vo = self._head(mIdx, i_b, i_h, i_o, jo, n_o, n_kv)
+        vo = self._head(sL, co, jo, n_o, n_kv)
         while vo < a:
             g = g + 1
             jo = jo + 1
-            vo = self._head(mIdx, i_b, i_h, i_o, jo, n_o, n_kv)
+            vo = self._head(sL, co, jo, n_o, n_kv)
         if vo == a:
             jo = jo + 1
         return g, jo
 
     @cute.jit
     def _pass(self, kv_cons, g):
-        """share: wait for and release the K and V tiles of g union blocks that the other list alone holds."""
+        """share: wait for and release the K and V tiles of g union blocks that the other list alone holds; returns
+        the advanced consumer. A dynamic loop hands its carried state to a new object bound to the loop's own name,
+        so the caller's object would keep the state from before the loop: call as kv_cons = self._pass(...)."""
         for _ in cutlass.range(g, unroll=1):
             h = kv_cons.wait_and_advance()
             h.release()
             h = kv_cons.wait_and_advance()
             h.release()
+        return kv_cons
 
     @cute.jit
     def _exact_step(self, qk_mma, pv_mma, acc_s, acc_o, tOrP, sQi, tSrK, tOrV, koff, kv_cons, vh, row_max, row_sum,
                     row_g, scale_log2, alpha, bias, cnt, tScS, is_tail, rem, gap):
         """One step of the exact loop (fwd.py's): S of the next K tile and P V of the held V tile (vh) issued
-        together, the softmax while P V runs. share (gap = (mIdx, i_b, i_h, i_o, i_q, u, n_valid, n_o, n_kv, g,
-        jo)): the gap before own tile u + 1 is walked while the GEMMs run; returns (g, jo)."""
+        together, the softmax while P V runs. share (gap = (sL, c, u, n_valid, n_o, n_kv, g, jo)): the gap before
+        own tile u + 1 is walked while the GEMMs run; returns (g, jo)."""
         kh = kv_cons.wait_and_advance()
         self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, koff + kh.index)])
         self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, koff + vh.index)])
         g_jo = None
         if cutlass.const_expr(gap is not None):
-            mIdx, i_b, i_h, i_o, i_q, u, n_valid, n_o, n_kv, g, jo = gap
+            sL, c, u, n_valid, n_o, n_kv, g, jo = gap
             if u + 1 < n_valid:  # the next own tile's gap, while the GEMMs run
-                g, jo = self._gap(mIdx, i_b, i_h, i_o, jo, n_o, n_kv, mIdx[i_b, i_h, i_q, u + 1])
+                g, jo = self._gap(sL, 1 - c, jo, n_o, n_kv, sL[u + 1, c])
             g_jo = (g, jo)
         warpgroup.wait_group(1)  # S ready; P V may still run
         kh.release()
@@ -261,6 +277,12 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
         sKp = st.sKVp.get_tensor(sKp_layout.outer, swizzle=sKp_layout.inner)
         sVp = cute.make_tensor(cute.recast_ptr(sKp.iterator, sVp_layout.inner), sVp_layout.outer)
 
+        sL = None
+        if cutlass.const_expr(self.share):  # both lists into shared memory (fwd.attention: n_sel <= SHARE_MAX_SEL)
+            sL = st.sL.get_tensor(cute.make_layout((SHARE_MAX_SEL, 2)))
+            for e in cutlass.range(tidx, 2 * n_sel, self.threads, unroll=1):
+                col = e // n_sel
+                sL[e - col * n_sel, col] = mIdx[i_b, i_h, cutlass.min(2 * i_p + col, n_kv - 1), e - col * n_sel]
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -284,8 +306,8 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
                     n_o, _ = self._list_scan(mIdx, i_b, i_h, i_o, n_sel, n_kv, BS)
                     ja = cutlass.Int32(0)
                     jo = cutlass.Int32(0)
-                    va = self._head(mIdx, i_b, i_h, i_a, ja, n_a, n_kv)
-                    vo = self._head(mIdx, i_b, i_h, i_o, jo, n_o, n_kv)
+                    va = self._head(sL, 0, ja, n_a, n_kv)
+                    vo = self._head(sL, 1, jo, n_o, n_kv)
                     j = cutlass.min(va, vo)
                     while j < n_kv:
                         h = kv_prod.acquire_and_advance()
@@ -294,10 +316,10 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
                         cute.copy(tma_v, tVg[(None, 0, j, hb)], tVs[(None, h.index)], tma_bar_ptr=h.barrier)
                         if va == j:
                             ja = ja + 1
-                            va = self._head(mIdx, i_b, i_h, i_a, ja, n_a, n_kv)
+                            va = self._head(sL, 0, ja, n_a, n_kv)
                         if vo == j:
                             jo = jo + 1
-                            vo = self._head(mIdx, i_b, i_h, i_o, jo, n_o, n_kv)
+                            vo = self._head(sL, 1, jo, n_o, n_kv)
                         j = cutlass.min(va, vo)
             for c in cutlass.range_constexpr(0 if self.share else 2):
                 if warp == c:
@@ -400,7 +422,7 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
                 i_o = cutlass.min(2 * i_p + 1 - c, n_kv - 1)  # the other warpgroup's query block
                 n_o, _ = self._list_scan(mIdx, i_b, i_h, i_o, n_sel, n_kv, BS)
                 if n_valid == 0:  # every union tile is the other list's
-                    self._pass(kv_cons, n_o)
+                    kv_cons = self._pass(kv_cons, n_o)
                     jo = n_o
             # fwd.py's software-pipelined loop, split where the tiles change pipelines: exact tiles (own
             # stages), the boundary step (V of the last exact tile, the first k-bar tile), virtual tiles
@@ -408,13 +430,13 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
             if n_tiles > 0:
                 if n_valid > 0:
                     if cutlass.const_expr(self.share):
-                        g, jo = self._gap(mIdx, i_b, i_h, i_o, jo, n_o, n_kv, mIdx[i_b, i_h, i_q, 0])
-                        self._pass(kv_cons, g)
+                        g, jo = self._gap(sL, 1 - c, jo, n_o, n_kv, sL[0, c])
+                        kv_cons = self._pass(kv_cons, g)
                     kh0 = kv_cons.wait_and_advance()
                     self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, koff + kh0.index)])
                     if cutlass.const_expr(self.share):  # the next own tile's gap, while the S GEMM runs
                         if 1 < n_valid:
-                            g, jo = self._gap(mIdx, i_b, i_h, i_o, jo, n_o, n_kv, mIdx[i_b, i_h, i_q, 1])
+                            g, jo = self._gap(sL, 1 - c, jo, n_o, n_kv, sL[1, c])
                     warpgroup.wait_group(0)
                     kh0.release()
                 else:
@@ -438,21 +460,20 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
                             self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, vh.index)])
                             warpgroup.wait_group(0)
                             vh.release()
-                            self._pass(kv_cons, g_now)
+                            kv_cons = self._pass(kv_cons, g_now)
                             kh = kv_cons.wait_and_advance()
                             self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, kh.index)])
                             if u + 1 < n_valid:  # the next own tile's gap, while the S GEMM runs
-                                g, jo = self._gap(mIdx, i_b, i_h, i_o, jo, n_o, n_kv, mIdx[i_b, i_h, i_q, u + 1])
+                                g, jo = self._gap(sL, 1 - c, jo, n_o, n_kv, sL[u + 1, c])
                             warpgroup.wait_group(0)
                             kh.release()
                             self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt,
                                                tScS, False, kk_tail == u, rem, False)
                         else:
-                            self._pass(kv_cons, g_now)
+                            kv_cons = self._pass(kv_cons, g_now)
                             g, jo = self._exact_step(qk_mma, pv_mma, acc_s, acc_o, tOrP, sQi, tSrK, tOrV, 0, kv_cons,
                                                      vh, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
-                                                     kk_tail == u, rem, (mIdx, i_b, i_h, i_o, i_q, u, n_valid, n_o,
-                                                                         n_kv, g, jo))
+                                                     kk_tail == u, rem, (sL, c, u, n_valid, n_o, n_kv, g, jo))
                     else:
                         self._exact_step(qk_mma, pv_mma, acc_s, acc_o, tOrP, sQi, tSrK, tOrV, koff, kv_cons, vh,
                                          row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, kk_tail == u, rem,
@@ -477,7 +498,7 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
                         self._rescale_o(acc_o, alpha)
                         self._to_p(acc_s, tOrP)
                         if cutlass.const_expr(self.share):  # the other list's tiles after this one's last
-                            self._pass(kv_cons, n_o - jo)
+                            kv_cons = self._pass(kv_cons, n_o - jo)
                     for u in cutlass.range(n_valid + 1, n_tiles, unroll=1):
                         vh = vp_cons.wait_and_advance()
                         kh = vp_cons.wait_and_advance()
@@ -505,7 +526,7 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
                     warpgroup.wait_group(0)
                     vhl.release()
                     if cutlass.const_expr(self.share):
-                        self._pass(kv_cons, n_o - jo)
+                        kv_cons = self._pass(kv_cons, n_o - jo)
             if n_vt > 0:
                 # first-order term: acc += s (q H-bar) * g (fwd.py), H-bar from the shared stages
                 qh_thr = qh_mma.get_slice(ctid)
