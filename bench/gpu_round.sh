@@ -9,7 +9,10 @@
 # Nsight Compute on the CuTe attention, drop vs pwt. Session 7: H (carry [".carry/cs_a"]), I / J (carry
 # [".carry/cs_b"]), L (pieces), E. Next: a stash call (carry [".carry/cs_a"], command `. bench/install_cute_site.sh`),
 # then M (carry [".carry/cs_b"]: the folded bias rows; run once in session 8 and removed with that option), L (no
-# carry needed once the site is unpacked), E. Next: stash, N (carry [".carry/cs_b"]), L, E.
+# carry needed once the site is unpacked), E. Session 9: N with the one-call site (carry [".carry/cs1"]: the
+# cutlass-dsl site in one xz archive with a 256 MiB dictionary, bench/install_cute_site.sh, and ComfyUI's comfy/ .py
+# files for E; the two-call stash found a cold machine on its second call twice). Next: R, L, E, each carrying
+# [".carry/cs1"] (each call may land on a fresh machine).
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
 # times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
@@ -23,7 +26,7 @@
 # Tests run in 4 pytest-xdist workers (PSA_XDIST; the image has pytest-xdist): they are bound by compiles.
 # Every result lands under $OUT; a step that runs past its timeout is cut and the next one still runs.
 set -u
-PHASE=${1:?usage: bash bench/gpu_round.sh A|B|C|D|E}
+PHASE=${1:?usage: bash bench/gpu_round.sh PHASE (A-T, see above)}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 . bench/install_cute_site.sh
@@ -47,7 +50,7 @@ A)
     log "triton_morton $(tail -1 "$OUT/triton_morton.txt" | cut -c1-600)"
     ;;
 B)
-    python -c "import cutlass" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable: run A then B back to back"; exit 1; }
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable: run A then B back to back"; exit 1; }
     log "bias_l2 probe"
     timeout 240 python bench/probes/bias_l2.py > "$OUT/bias_l2.txt" 2>&1
     # the build (off, l2, pf, l2pf) fastest at 720p over both rounds, if faster than off in each round there, not
@@ -93,22 +96,26 @@ EOF
     run_tests cute 240 tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
     ;;
 C)
-    python -c "import cutlass" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: pieces runs Triton only"
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: pieces runs Triton only"
     log "pieces 480p + flux"
     timeout 560 python bench/pieces.py --out "$OUT/pieces_c" --old .carry/old --morton --flux-node --sweep \
         --shapes wan14,flux > "$OUT/pieces_c.log" 2>&1
     log "pieces rc=$?"
     ;;
 D)
-    python -c "import cutlass" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: pieces runs Triton only"
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: pieces runs Triton only"
     log "pieces 720p + break-even"
     timeout 560 python bench/pieces.py --out "$OUT/pieces_d" --old .carry/old --morton --breakeven \
         --shapes wan14_720 > "$OUT/pieces_d.log" 2>&1
     log "pieces rc=$?"
     ;;
 E)
-    log "dit_step"
-    timeout ${DIT_TIMEOUT:-560} python bench/dit_step.py --comfy .carry/comfy --out "$OUT/dit" --repeats 2 --profile > "$OUT/dit.log" 2>&1
+    COMFY=.carry/comfy
+    if [ -f .carry/cs1/comfy_py.tar.xz ]; then  # comfy/'s .py files (0.4 MB) beside the site in one carry
+        mkdir -p /tmp/comfy_py && tar xf .carry/cs1/comfy_py.tar.xz -C /tmp/comfy_py && COMFY=/tmp/comfy_py
+    fi
+    log "dit_step ($COMFY)"
+    timeout ${DIT_TIMEOUT:-560} python bench/dit_step.py --comfy "$COMFY" --out "$OUT/dit" --repeats 2 --profile > "$OUT/dit.log" 2>&1
     log "dit_step rc=$?"
     ;;
 F)  # session 6, first call (carry .carry/cs_a): the statistics / H-sum / routing sweeps at all three sizes, Triton
@@ -142,7 +149,7 @@ EOF
     ;;
 G)  # second call (carry .carry/cs_b): every piece with the new defaults, both backends, Morton, FLUX as the node
     # calls it, the break-even table
-    python -c "import cutlass" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: pieces runs Triton only"
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: pieces runs Triton only"
     log "pieces (new defaults)"
     timeout 500 python bench/pieces.py --out "$OUT/pieces_g" --morton --flux-node --breakeven \
         --shapes wan14,wan14_720,flux > "$OUT/pieces_g.log" 2>&1
@@ -150,7 +157,7 @@ G)  # second call (carry .carry/cs_b): every piece with the new defaults, both b
     ;;
 P)  # after A and B (the cutlass-dsl site unpacked): Nsight Compute on the CuTe attention kernel, drop and pwt at
     # 480p (bench/probes/virtual_ncu.py), for where the virtual tiles' time goes
-    python -c "import cutlass" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable: run A, B, then P"; exit 1; }
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable: run A, B, then P"; exit 1; }
     for var in drop pwt; do
         log "ncu $var"
         timeout 280 ncu --kernel-name regex:cutlass --launch-skip 1 --launch-count 1 --section WarpStateStats \
@@ -165,7 +172,7 @@ H)  # session 7, first call (carry .carry/cs_a): stash the first half of the sit
     ;;
 I)  # second call (carry .carry/cs_b): the pair kernel (kernels/cute/fwd_pair.py) against the one-block kernel, its
     # tests, then every CuTe test with the faster build; the CuTe Morton copies in one chunk vs head chunks
-    python -c "import cutlass" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable: run H then I"; exit 1; }
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable: run H then I"; exit 1; }
     run_tests pair 200 tests/test_cute_pair_gpu.py
     log "cute_pair probe"
     timeout 240 python bench/probes/cute_pair.py > "$OUT/cute_pair.txt" 2>&1
@@ -201,7 +208,7 @@ PYEOF
     ;;
 J)  # session 7, after a call that stashed .carry/cs_a (carry .carry/cs_b): the persistent pair kernel's tests, the
     # build comparison and the virtual-work split
-    python -c "import cutlass" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
     run_tests pair 240 tests/test_cute_pair_gpu.py
     log "cute_pair probe"
     timeout 200 python bench/probes/cute_pair.py > "$OUT/cute_pair.txt" 2>&1
@@ -212,13 +219,15 @@ J)  # session 7, after a call that stashed .carry/cs_a (carry .carry/cs_b): the 
 N)  # session 8, after a stash call (carry .carry/cs_b): the pair kernel with one exact pipeline over the union of
     # both lists (PSA_CUTE_PAIR_SHARE) - its tests, the probe on random and DiT-like inputs, the pick L and E then
     # run with, and every CuTe GPU test with that pick
-    python -c "import cutlass" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
     # first the crafted-list tests alone, stopping at the first failure: a pipeline that hangs is cut at 150 s
     log "pytest share smoke"
-    timeout -k 10 150 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_cute_pair_gpu.py -k "crafted" \
+    timeout -k 10 120 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_cute_pair_gpu.py -k "crafted" \
         > "$OUT/tests_share_smoke.log" 2>&1
     SMOKE=$?
     log "pytest share smoke rc=$SMOKE $(tail -1 "$OUT/tests_share_smoke.log")"
+    # the Triton GPU tests (the token-major output among them) while the pair kernel's picks are pending
+    run_tests triton 150 tests/test_triton_gpu.py tests/test_api_errors.py
     if [ "$SMOKE" != 0 ]; then
         log "shared exact pipeline failed its smoke test: PSA_CUTE_PAIR_SHARE=0, the other tests only"
         echo "export PSA_CUTE_PAIR_SHARE=0" > "$STASH/pair_env"
@@ -226,9 +235,9 @@ N)  # session 8, after a stash call (carry .carry/cs_b): the pair kernel with on
         run_tests cute 240 tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
         log "done"; exit 0
     fi
-    run_tests pair 300 tests/test_cute_pair_gpu.py
+    run_tests pair 200 tests/test_cute_pair_gpu.py
     log "cute_pair --share"
-    timeout -k 10 330 python bench/probes/cute_pair.py --share > "$OUT/cute_pair_share.txt" 2>&1
+    timeout -k 10 ${SHARE_PROBE_TIMEOUT:-240} python bench/probes/cute_pair.py --share > "$OUT/cute_pair_share.txt" 2>&1
     # on if faster than the own-list pipelines in both rounds on both DiT-like shapes, not slower than 1% on the
     # random ones (means of the two rounds), and the same output (the same tiles in the same order)
     SHARE=$(python - "$OUT/cute_pair_share.txt" <<'PYEOF'
@@ -253,7 +262,7 @@ PYEOF
     # (480p / 720p, where the pair kernel runs, come out unchanged: a check): on if faster there in both rounds
     # with the same output
     log "cute_out_perm PSA_CUTE_Q_PERM"
-    timeout -k 10 200 python bench/probes/cute_out_perm.py PSA_CUTE_Q_PERM 0 1 --flux > "$OUT/cute_q_perm.txt" 2>&1
+    timeout -k 10 100 python bench/probes/cute_out_perm.py PSA_CUTE_Q_PERM 0 1 --flux-only > "$OUT/cute_q_perm.txt" 2>&1
     QP=$(python - "$OUT/cute_q_perm.txt" <<'PYEOF'
 import json, sys
 lines = [ln for ln in open(sys.argv[1]) if ln.startswith("RESULT ")]
@@ -273,12 +282,69 @@ PYEOF
         log "no time left for the CuTe tests in this call: run phase T next"
     fi
     ;;
+R)  # session 10 (carry .carry/cs1): the shared exact pipeline with its lists in shared memory and the pair kernel
+    # reading the query rows through the Morton permutation (PSA_CUTE_PAIR_Q_PERM): tests, probes, picks
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    log "pytest share smoke"
+    timeout -k 10 120 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_cute_pair_gpu.py -k "crafted" \
+        > "$OUT/tests_share_smoke.log" 2>&1
+    SMOKE=$?
+    log "pytest share smoke rc=$SMOKE $(tail -1 "$OUT/tests_share_smoke.log")"
+    run_tests pair 200 tests/test_cute_pair_gpu.py
+    PAIR_OK=1
+    if grep -qE "failed|error" "$OUT/tests_pair.log" || ! grep -q "passed" "$OUT/tests_pair.log"; then PAIR_OK=0; fi
+    SHARE=0
+    if [ "$SMOKE" = 0 ]; then
+        log "cute_pair --share"
+        timeout -k 10 ${SHARE_PROBE_TIMEOUT:-240} python bench/probes/cute_pair.py --share > "$OUT/cute_pair_share.txt" 2>&1
+        # N's rule: faster than own lists in both rounds on both DiT-like shapes, <= 1% slower on random, same output
+        SHARE=$(python - "$OUT/cute_pair_share.txt" <<'PYEOF'
+import json, sys
+lines = [ln for ln in open(sys.argv[1]) if ln.startswith("RESULT ")]
+r = json.loads(lines[0][7:]) if lines else {}
+mean = lambda d, b: sum(d.get(f"pwt_{b}_r{i}_ms", 1e9) for i in range(2)) / 2  # noqa: E731
+dit = [d for s, d in r.items() if "ditlike" in s]
+rnd = [d for s, d in r.items() if "ditlike" not in s]
+ok = (len(dit) == 2 and len(rnd) == 2
+      and all(d.get(f"pwt_p3share_r{i}_ms", 1e9) < d.get(f"pwt_p3_r{i}_ms", 0) for d in dit for i in range(2))
+      and all(mean(d, "p3share") <= 1.01 * mean(d, "p3") for d in rnd)
+      and all(d.get("p3share_maxdiff_vs_p3", 1) == 0.0 for d in r.values()))
+print(int(ok))
+PYEOF
+)
+        [ "$PAIR_OK" = 1 ] || SHARE=0
+        log "decision: PSA_CUTE_PAIR_SHARE=${SHARE:-0} ($(tail -1 "$OUT/cute_pair_share.txt" | cut -c1-2500))"
+    fi
+    export PSA_CUTE_PAIR_SHARE=${SHARE:-0}
+    # the pair kernel reading q through the permutation against the block-order copies, as the node calls it at
+    # 480p and 720p: on if not slower (1%, means of both rounds) at both, with the same output (it always saves one
+    # copy of q in the peak: op*_peak_extra_x_q)
+    log "cute_out_perm PSA_CUTE_PAIR_Q_PERM"
+    timeout -k 10 200 python bench/probes/cute_out_perm.py PSA_CUTE_PAIR_Q_PERM 0 1 > "$OUT/cute_pair_q_perm.txt" 2>&1
+    PQ=$(python - "$OUT/cute_pair_q_perm.txt" <<'PYEOF'
+import json, sys
+lines = [ln for ln in open(sys.argv[1]) if ln.startswith("RESULT ")]
+r = json.loads(lines[0][7:]) if lines else {}
+mean = lambda x, o: sum(x.get(f"op{o}_r{i}_ms", 1e9) for i in range(2)) / 2  # noqa: E731
+xs = [r.get(s, {}) for s in ("wan14", "wan14_720")]
+print(int(all(x.get("maxdiff", 1) <= 1e-3 and mean(x, 1) <= 1.01 * mean(x, 0) for x in xs)))
+PYEOF
+)
+    [ "$PAIR_OK" = 1 ] || PQ=0
+    log "decision: PSA_CUTE_PAIR_Q_PERM=${PQ:-0} ($(tail -1 "$OUT/cute_pair_q_perm.txt" | cut -c1-1500))"
+    echo "export PSA_CUTE_PAIR_SHARE=${SHARE:-0} PSA_CUTE_PAIR_Q_PERM=${PQ:-0}" > "$STASH/pair_env"
+    export PSA_CUTE_PAIR_Q_PERM=${PQ:-0}
+    LEFT=$((570 - SECONDS))
+    if [ "$LEFT" -gt 90 ]; then
+        run_tests cute "$LEFT" tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
+    fi
+    ;;
 T)  # the CuTe GPU tests with the stashed picks (after N, when N had no time left for them)
     run_tests cute 300 tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
     ;;
 L)  # every piece at 480p, 720p and FLUX.1 with the session-7 defaults, both backends, Morton, FLUX as
     # the node calls it
-    python -c "import cutlass" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: pieces runs Triton only"
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: pieces runs Triton only"
     log "pieces (current defaults and picks)"
     timeout ${PIECES_TIMEOUT:-400} python bench/pieces.py --out "$OUT/pieces_l" --morton --flux-node --ditlike \
         --shapes wan14,wan14_720,flux > "$OUT/pieces_l.log" 2>&1

@@ -11,7 +11,7 @@ from driver import run_driver
 FAMILIES = ["drop", "pisa/pwt", "drop q_rs", "pisa/pwt q_rs", "pisa/pwt q_rs bias_l2", "pisa/pwt q_rs bias_pf",
             "pisa/pwt q_rs bias_l2 bias_pf", "pisa/pwt q_rs out_perm", "drop q_rs out_perm", "pisa/pwt pair",
             "pisa/pwt pair recip", "pisa/pwt pair recip share", "pisa/pwt q_rs out_perm q_perm",
-            "drop q_rs out_perm q_perm"]
+            "drop q_rs out_perm q_perm", "pisa/pwt pair recip q_perm", "pisa/pwt pair recip share q_perm"]
 
 if importlib.util.find_spec("cutlass") is None:
     pytest.skip("CuTe compile test skipped: nvidia-cutlass-dsl is not installed (pip install .[cute])",
@@ -72,6 +72,7 @@ def test_shared_exact_pipeline_tracks_its_state_across_passes(res):
     state from before that loop (the DSL carries a loop's state in a new object, bound to the helper's own name):
     its first own wait was on slot 0, phase 0, a constant, and the kernel hung on the H200 (session 9). The one-list
     build waits on slot 0 there, so the shared build has one constant-parity wait fewer."""
-    own, share = res["pisa/pwt pair recip"], res["pisa/pwt pair recip share"]
-    assert "const_parity_waits" in own and "const_parity_waits" in share, (own, share)
-    assert share["const_parity_waits"] == own["const_parity_waits"] - 1, (own, share)
+    for suffix in ("", " q_perm"):
+        own, share = res["pisa/pwt pair recip" + suffix], res["pisa/pwt pair recip share" + suffix]
+        assert "const_parity_waits" in own and "const_parity_waits" in share, (own, share)
+        assert share["const_parity_waits"] == own["const_parity_waits"] - 1, (suffix, own, share)

@@ -225,3 +225,29 @@ def test_pair_shared_exact_tiles_fall_back_above_the_shared_list_size(monkeypatc
     asked = _run(q, k, v, cfg, r, monkeypatch, True)
     assert torch.equal(asked, own)
     assert not any(key[11] for key in CF._compiled if key[8]), list(CF._compiled)  # no shared build compiled
+
+
+@pytest.mark.parametrize("share", ["0", "1"])
+def test_pair_reads_the_query_rows_through_the_permutation(share, monkeypatch):
+    # PSA_CUTE_PAIR_Q_PERM (fwd_pair.py q_perm): the node's Morton call with the pair kernel reading the caller's
+    # query rows through the permutation and writing the output through it (only k and v copied, no scatter):
+    # the same tiles in the same order as the block-order copies, so the same output
+    import math
+    from gpu_common import MORTON_BHD, MORTON_GRID, MORTON_PREFIX, node_layout_qkv
+    from kernels import piecewise_sparse_attention as psa
+    from kernels.cute import fwd as CF
+    grid, npre, (B, H, D) = MORTON_GRID, MORTON_PREFIX, MORTON_BHD
+    q, k, v = node_layout_qkv(B, npre + math.prod(grid), H, D, seed=112)
+    kw = dict(density=0.125, variant="pwt", reorder="morton", grid=grid, n_prefix=npre, backend="cute",
+              on_failure="raise")
+    monkeypatch.setenv("PSA_CUDA_GRAPHS", "0")
+    monkeypatch.setenv("PSA_CUTE_PAIR", "1")
+    monkeypatch.setenv("PSA_CUTE_PAIR_SHARE", share)
+    monkeypatch.setenv("PSA_CUTE_PAIR_Q_PERM", "0")
+    base = psa(q, k, v, **kw)
+    monkeypatch.setenv("PSA_CUTE_PAIR_Q_PERM", "1")
+    assert CF.q_perm_enabled(q.shape[2], "pwt")
+    out = psa(q, k, v, **kw)
+    assert torch.isfinite(out).all() and out.stride() == base.stride()
+    assert rel(out, base) <= 1e-5, rel(out, base)
+    assert any(key[8] and key[-1] for key in CF._compiled), list(CF._compiled)  # the pair build with q_perm ran

@@ -106,6 +106,10 @@ RECIP_STORE = True
 # memory (cute_pair_share_s9_h200.txt); now from shared memory, not yet timed. PSA_CUTE_PAIR_SHARE=1/0 overrides
 PAIR_SHARE = False
 PAIR_SHARE_MAX_SEL = 256  # both lists in its shared memory (2 KiB); longer ones keep a pipeline per list
+# the pair build on the Morton path reading the caller's query rows through the permutation and writing the output
+# through it (fwd_pair.py q_perm: no q copy, no scatter, q's copy no longer in the peak). PSA_CUTE_PAIR_Q_PERM=1/0
+# overrides. Compiled (168 registers, no spills), not yet run on a GPU: off
+PAIR_Q_PERM = False
 PAIR_VT_STAGES = 3  # its shared virtual-tile stages (cute_pair.py, session 7: 3 fastest at 720p, 2-4 equal at 480p)
 
 
@@ -417,21 +421,7 @@ class PiecewiseSparseFwdSm90(TileOps):
             # epilogue: normalise, store the rows that exist
             for r in cutlass.range_constexpr(n_rows):
                 row_sum[r] = self._quad_sum(row_sum[r])
-            if cutlass.const_expr(self.out_perm):
-                # each thread's two rows through the permutation, read once (elements 0 and 2 sit in row slots
-                # 0 and 1), then every element stored at its row's target
-                o_row = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Int32)
-                for r in cutlass.range_constexpr(n_rows):
-                    t_row = i_q * BS + tOcO[2 * r][0]
-                    o_row[r] = t_row
-                    if t_row < T:
-                        o_row[r] = mPerm[t_row]
-                for e in cutlass.range_constexpr(cute.size(acc_o)):
-                    if i_q * BS + tOcO[e][0] < T:
-                        mO[o_row[self._row_slot_e(e)], tOcO[e][1], hb] = (
-                            acc_o[e] / row_sum[self._row_slot_e(e)]).to(mO.element_type)
-            else:
-                self._store_rows(mO, acc_o, row_sum, tOcO, i_q, T, hb)
+            self._store_rows(mO, acc_o, row_sum, tOcO, i_q, T, hb, False, mPerm if self.out_perm else None)
         return
 
 
@@ -505,14 +495,12 @@ def _env_flag(name: str, default: bool) -> bool:
 
 
 def q_perm_enabled(T: int | None = None, variant: str = "pwt") -> bool:
-    """Whether the Morton path hands attention() the caller's q with `perm` (Q_PERM, PSA_CUTE_Q_PERM): only
-    where the one-block kernel runs anyway (T tokens: below PAIR_MIN_BLOCKS KV blocks, or drop, or the pair
-    kernel forced off), since the pair kernel reads block-order copies."""
-    if not _env_flag("PSA_CUTE_Q_PERM", Q_PERM):
-        return False
-    if T is None or variant not in ("pisa", "pwt"):
-        return True
-    return not _env_flag("PSA_CUTE_PAIR", -(-T // BS) >= PAIR_MIN_BLOCKS)
+    """Whether the Morton path hands attention() the caller's q with `perm` for T tokens: where the pair kernel
+    runs (pisa / pwt from PAIR_MIN_BLOCKS KV blocks, PSA_CUTE_PAIR) its PAIR_Q_PERM (PSA_CUTE_PAIR_Q_PERM), else
+    the one-block kernel's Q_PERM (PSA_CUTE_Q_PERM)."""
+    if T is not None and variant in ("pisa", "pwt") and _env_flag("PSA_CUTE_PAIR", -(-T // BS) >= PAIR_MIN_BLOCKS):
+        return _env_flag("PSA_CUTE_PAIR_Q_PERM", PAIR_Q_PERM)
+    return _env_flag("PSA_CUTE_Q_PERM", Q_PERM)
 
 
 def out_perm_enabled() -> bool:
@@ -555,10 +543,11 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
     if q_perm and not out_perm:
         raise ValueError("cute backend: q_perm reads the query rows through perm: pass perm")
     q_rs = q_rs or bool(q_perm)  # the query rows go straight into registers
-    # the pair build (fwd_pair.py) has Q in registers and neither bias-load experiment nor the output permutation
+    # the pair build (fwd_pair.py) has Q in registers, no bias-load experiment, and the output permutation only with
+    # the query rows read through it
     if pair is None:
         pair = _env_flag("PSA_CUTE_PAIR", n >= PAIR_MIN_BLOCKS)
-    pair = approx and q_rs and not (out_perm or bias_l2 or bias_pf) and bool(pair)
+    pair = approx and q_rs and not (bias_l2 or bias_pf) and (q_perm or not out_perm) and bool(pair)
     vt_stages = int(os.environ.get("PSA_CUTE_VT_STAGES", PAIR_VT_STAGES)) if pair else 0
     if probe == "novt":  # timing probe: the approx build with no virtual tiles (the exact loop alone)
         n_vt, probe = 0, ("novt" if not pair else "")
@@ -585,7 +574,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
                 if pair:
                     from .fwd_pair import PairFwdSm90
 
-                    kern = PairFwdSm90(stages, vt_stages, D, probe, recip, share)
+                    kern = PairFwdSm90(stages, vt_stages, D, probe, recip, share, bool(q_perm))
                 else:
                     kern = PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2, bias_pf, out_perm, bool(q_perm))
                 fn = cute.compile(kern, *args, *scal, stream)

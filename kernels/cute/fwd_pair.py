@@ -20,7 +20,9 @@ CTA = 3 warpgroups (384 threads, one per SM, 208 KiB of shared memory at 4 exact
 The two warpgroups replace fwd.py's two CTAs per SM, so the tensor-core / softmax overlap between two query
 blocks is kept. A warpgroup that reaches its virtual tiles early waits for the other one only when the
 shared pipeline is full (both lists have the routing budget's length, so their exact loops end together).
-Exact only (drop), the per-row Morton output permutation and the bias-load experiments stay in fwd.py.
+Exact only (drop) and the bias-load experiments stay in fwd.py; the Morton permutation comes only as q_perm
+(PSA_CUTE_PAIR_Q_PERM: the query rows read through it into registers and stored into the consumer's query stage
+for q H-bar, the output written through it; compiled, not yet run on a GPU).
 
 share=True: warp 0 loads both query tiles, then walks the sorted merge of the two ascending lists, one K and one V
 tile per union block, into slots that all 8 consumer warps release. Each consumer walks the same merge (_gap: how
@@ -105,8 +107,10 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
     """pisa / pwt only; compile-time configuration: exact stages per consumer, shared virtual stages."""
 
     def __init__(self, kv_stages: int = KV_STAGES, vt_stages: int = VT_STAGES, head_dim: int = 128, probe: str = "",
-                 recip_store: bool = False, share: bool = False):
-        super().__init__(True, kv_stages, head_dim, q_rs=True)
+                 recip_store: bool = False, share: bool = False, q_perm: bool = False):
+        # q_perm (Morton): query row t read from row mPerm[t] of the caller's q into the consumer's registers (no TMA,
+        # no block-order copy of q) and the output written through mPerm (fwd.py's q_perm)
+        super().__init__(True, kv_stages, head_dim, q_rs=True, out_perm=q_perm, q_perm=q_perm)
         self.recip_store = recip_store  # the epilogue multiplies by 1 / row sum (tile_ops._store_rows)
         self.vt_stages = vt_stages
         # one exact-tile pipeline for both consumers, fed with the union of their two lists (a block both lists
@@ -149,7 +153,10 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
 
         self.smem = Smem
         n_q = cute.ceil_div(mQ.shape[0], BS)
-        self.kernel(hs["qk_mma"], hs["pv_mma"], hs["qh_mma"], *hs["tmas"], mO, mVB, mIdx, n_vt, scale_log2, scale,
+        tmas = hs["tmas"]
+        if cutlass.const_expr(self.q_perm):  # no query TMA: its two slots carry the permutation and q itself
+            tmas = (mPerm, mQ) + tmas[2:]
+        self.kernel(hs["qk_mma"], hs["pv_mma"], hs["qh_mma"], *tmas, mO, mVB, mIdx, n_vt, scale_log2, scale,
                     sQ_layout, sK_layout, sV_layout, sKp_layout, sVp_layout).launch(
             grid=[(n_q + 1) // 2, mQ4.shape[1], mQ4.shape[0]], block=[self.threads, 1, 1], stream=stream,
             min_blocks_per_mp=1)
@@ -234,7 +241,7 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
     # ------------------------------------------------------------------ device side
     @cute.kernel
     def kernel(self, qk_mma: cute.TiledMma, pv_mma: cute.TiledMma, qh_mma: cute.TiledMma,
-               tma_q: cute.CopyAtom, gQt: cute.Tensor, tma_k: cute.CopyAtom, gKt: cute.Tensor,
+               tma_q, gQt: cute.Tensor, tma_k: cute.CopyAtom, gKt: cute.Tensor,
                tma_v: cute.CopyAtom, gVt: cute.Tensor, tma_kb: cute.CopyAtom, gKbt: cute.Tensor,
                tma_vm: cute.CopyAtom, gVmt: cute.Tensor, tma_h: cute.CopyAtom, gHt: cute.Tensor,
                mO: cute.Tensor, mVB: cute.Tensor, mIdx: cute.Tensor, n_vt: cutlass.Int32,
@@ -291,12 +298,12 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
             cute.arch.setmaxregister_decrease(self.regs_producer)
             if cutlass.const_expr(self.share):
                 if warp == 0:  # both query tiles, then the union of the two lists in ascending block order
-                    tQs, tQg = self._tma_part(tma_q, sQ, gQt, BS, self.d)
                     tKs, tKg = self._tma_part(tma_k, sK, gKt, BS, self.d)
                     tVs, tVg = self._tma_part(tma_v, sV, gVt, self.d, BS)
                     i_a = cutlass.min(2 * i_p, n_kv - 1)
                     i_o = cutlass.min(2 * i_p + 1, n_kv - 1)
-                    for c in cutlass.range_constexpr(2):
+                    for c in cutlass.range_constexpr(0 if self.q_perm else 2):
+                        tQs, tQg = self._tma_part(tma_q, sQ, gQt, BS, self.d)
                         q_prod, _ = q_pipes[c].make_participants()
                         h = q_prod.acquire_and_advance()
                         cute.copy(tma_q, tQg[(None, i_o if c else i_a, 0, hb)], tQs[(None, c)],
@@ -310,10 +317,10 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
                     vo = self._head(sL, 1, jo, n_o, n_kv)
                     j = cutlass.min(va, vo)
                     while j < n_kv:
-                        h = kv_prod.acquire_and_advance()
-                        cute.copy(tma_k, tKg[(None, j, 0, hb)], tKs[(None, h.index)], tma_bar_ptr=h.barrier)
-                        h = kv_prod.acquire_and_advance()
-                        cute.copy(tma_v, tVg[(None, 0, j, hb)], tVs[(None, h.index)], tma_bar_ptr=h.barrier)
+                        hk = kv_prod.acquire_and_advance()
+                        cute.copy(tma_k, tKg[(None, j, 0, hb)], tKs[(None, hk.index)], tma_bar_ptr=hk.barrier)
+                        hk = kv_prod.acquire_and_advance()
+                        cute.copy(tma_v, tVg[(None, 0, j, hb)], tVs[(None, hk.index)], tma_bar_ptr=hk.barrier)
                         if va == j:
                             ja = ja + 1
                             va = self._head(sL, 0, ja, n_a, n_kv)
@@ -327,22 +334,23 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
                     i_q = cutlass.Int32(2 * i_p + c)
                     if i_q >= n_kv:
                         i_q = n_kv - 1
-                    q_prod, _ = q_pipes[c].make_participants()
                     kv_prod, _ = kv_pipes[c].make_participants()
-                    tQs, tQg = self._tma_part(tma_q, sQ, gQt, BS, self.d)
                     tKs, tKg = self._tma_part(tma_k, sK, gKt, BS, self.d)
                     tVs, tVg = self._tma_part(tma_v, sV, gVt, self.d, BS)
-                    h = q_prod.acquire_and_advance()
-                    cute.copy(tma_q, tQg[(None, i_q, 0, hb)], tQs[(None, c)], tma_bar_ptr=h.barrier)
+                    if cutlass.const_expr(not self.q_perm):
+                        q_prod, _ = q_pipes[c].make_participants()
+                        tQs, tQg = self._tma_part(tma_q, sQ, gQt, BS, self.d)
+                        h = q_prod.acquire_and_advance()
+                        cute.copy(tma_q, tQg[(None, i_q, 0, hb)], tQs[(None, c)], tma_bar_ptr=h.barrier)
                     for kk in cutlass.range(n_sel, unroll=1):
                         j = mIdx[i_b, i_h, i_q, kk]
-                        if j >= 0:
-                            h = kv_prod.acquire_and_advance()
-                            cute.copy(tma_k, tKg[(None, j, 0, hb)], tKs[(None, c * S + h.index)],
-                                      tma_bar_ptr=h.barrier)
-                            h = kv_prod.acquire_and_advance()
-                            cute.copy(tma_v, tVg[(None, 0, j, hb)], tVs[(None, c * S + h.index)],
-                                      tma_bar_ptr=h.barrier)
+                        if j >= 0:  # (handles named apart from the query tile's: q_perm has none)
+                            hk = kv_prod.acquire_and_advance()
+                            cute.copy(tma_k, tKg[(None, j, 0, hb)], tKs[(None, c * S + hk.index)],
+                                      tma_bar_ptr=hk.barrier)
+                            hk = kv_prod.acquire_and_advance()
+                            cute.copy(tma_v, tVg[(None, 0, j, hb)], tVs[(None, c * S + hk.index)],
+                                      tma_bar_ptr=hk.barrier)
             if warp == 2:
                 if n_vt > 0:
                     vp_prod, _ = vp_pipe.make_participants()
@@ -397,9 +405,17 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
                 row_sum[r] = 0.0
                 row_g[r] = 0.0
 
-            q_cons.wait_and_advance()
             sQi = cute.make_rmem_tensor(tSsQ[(None, None, None, 0)].shape, mO.element_type)
-            cute.autovec_copy(tSsQ[(None, None, None, c)], sQi)
+            if cutlass.const_expr(self.q_perm):  # (tma_q carries the permutation, gQt the caller's q)
+                self._load_q_rows(sQi, gQt, tma_q, qk_thr, i_q, T, hb)
+                # the fragment into this warpgroup's query stage for q H-bar (fwd.py's q_perm), visible to the
+                # async proxy once all 128 threads wrote theirs (named barrier 1 + c)
+                cute.autovec_copy(sQi, tSsQ[(None, None, None, c)])
+                cute.arch.fence_view_async_shared()
+                cute.arch.barrier(barrier_id=1 + c, number_of_threads=128)
+            else:
+                q_cons.wait_and_advance()
+                cute.autovec_copy(tSsQ[(None, None, None, c)], sQi)
             rem = T - (n_kv - 1) * BS
             alpha = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
             acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
@@ -546,6 +562,7 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
             for r in cutlass.range_constexpr(n_rows):
                 row_sum[r] = self._quad_sum(row_sum[r])
             if i_own < n_kv:
-                self._store_rows(mO, acc_o, row_sum, tOcO, i_q, T, hb, self.recip_store)
+                self._store_rows(mO, acc_o, row_sum, tOcO, i_q, T, hb, self.recip_store,
+                                 tma_q if self.q_perm else None)
         return
 

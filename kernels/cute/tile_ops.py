@@ -126,14 +126,22 @@ class TileOps:
             acc_o[e] = acc_o[e] + acc_h[e] * (g_scale * row_g[self._row_slot_e(e)])
 
     @cute.jit
-    def _store_rows(self, mO, acc_o, row_sum, tOcO, i_q, T, hb, recip: cutlass.Constexpr = False):
-        """The epilogue: the output tile normalised by the (quad-summed) row sums, the rows that exist stored.
-        recip: one division per row and a multiply per element instead of 64 IEEE divisions per thread (each a
-        check and a slow-path call in the SASS); the result can differ in the last bit of the float32 quotient."""
+    def _store_rows(self, mO, acc_o, row_sum, tOcO, i_q, T, hb, recip: cutlass.Constexpr = False, mPerm=None):
+        """The epilogue: the output tile normalised by the (quad-summed) row sums, the rows that exist stored
+        (mPerm: row t at row mPerm[t], each thread's two targets read once; elements 0 and 2 sit in row slots 0
+        and 1). recip: one division per row and a multiply per element instead of 64 IEEE divisions per thread
+        (each a check and a slow-path call in the SASS); the result can differ in the last bit of the quotient."""
         inv = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Float32)
         if cutlass.const_expr(recip):
             for r in cutlass.range_constexpr(2):
                 inv[r] = 1.0 / row_sum[r]
+        o_row = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Int32)
+        if cutlass.const_expr(mPerm is not None):
+            for r in cutlass.range_constexpr(2):
+                t_row = i_q * BS + tOcO[2 * r][0]
+                o_row[r] = t_row
+                if t_row < T:
+                    o_row[r] = mPerm[t_row]
         for e in cutlass.range_constexpr(cute.size(acc_o)):
             t_row = i_q * BS + tOcO[e][0]
             if t_row < T:
@@ -141,7 +149,10 @@ class TileOps:
                     x = acc_o[e] * inv[self._row_slot_e(e)]
                 else:
                     x = acc_o[e] / row_sum[self._row_slot_e(e)]
-                mO[t_row, tOcO[e][1], hb] = x.to(mO.element_type)
+                if cutlass.const_expr(mPerm is not None):
+                    mO[o_row[self._row_slot_e(e)], tOcO[e][1], hb] = x.to(mO.element_type)
+                else:
+                    mO[t_row, tOcO[e][1], hb] = x.to(mO.element_type)
 
     @cute.jit
     def _softmax_tile(self, acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, is_virtual,
