@@ -34,6 +34,23 @@ mkdir -p "$OUT"
 [ -f "$STASH/hsum_env" ] && . "$STASH/hsum_env"  # F's pick of the H-sum setting
 [ -f "$STASH/pair_env" ] && . "$STASH/pair_env"  # I's pick of the CuTe pair build
 log() { echo "[gpu_round $PHASE $(date -u +%H:%M:%S)] $*" | tee -a "$OUT/round.log"; }
+share_pick() {  # the shared exact pipeline's rule on a cute_pair.py --share output: faster than the own-list
+    # pipelines in both rounds on both DiT-like shapes, not slower than 1% on the random ones (means of the two
+    # rounds), and the same output (the same tiles in the same order); prints 1 or 0
+    python - "$1" <<'PYEOF'
+import json, sys
+lines = [ln for ln in open(sys.argv[1]) if ln.startswith("RESULT ")]
+r = json.loads(lines[0][7:]) if lines else {}
+mean = lambda d, b: sum(d.get(f"pwt_{b}_r{i}_ms", 1e9) for i in range(2)) / 2  # noqa: E731
+dit = [d for s, d in r.items() if "ditlike" in s]
+rnd = [d for s, d in r.items() if "ditlike" not in s]
+ok = (len(dit) == 2 and len(rnd) == 2
+      and all(d.get(f"pwt_p3share_r{i}_ms", 1e9) < d.get(f"pwt_p3_r{i}_ms", 0) for d in dit for i in range(2))
+      and all(mean(d, "p3share") <= 1.01 * mean(d, "p3") for d in rnd)
+      and all(d.get("p3share_maxdiff_vs_p3", 1) == 0.0 for d in r.values()))
+print(int(ok))
+PYEOF
+}
 run_tests() {  # name, timeout, pytest args...
     local name=$1 t=$2; shift 2
     log "pytest $name"
@@ -238,22 +255,7 @@ N)  # session 8, after a stash call (carry .carry/cs_b): the pair kernel with on
     run_tests pair 200 tests/test_cute_pair_gpu.py
     log "cute_pair --share"
     timeout -k 10 ${SHARE_PROBE_TIMEOUT:-240} python bench/probes/cute_pair.py --share > "$OUT/cute_pair_share.txt" 2>&1
-    # on if faster than the own-list pipelines in both rounds on both DiT-like shapes, not slower than 1% on the
-    # random ones (means of the two rounds), and the same output (the same tiles in the same order)
-    SHARE=$(python - "$OUT/cute_pair_share.txt" <<'PYEOF'
-import json, sys
-lines = [ln for ln in open(sys.argv[1]) if ln.startswith("RESULT ")]
-r = json.loads(lines[0][7:]) if lines else {}
-mean = lambda d, b: sum(d.get(f"pwt_{b}_r{i}_ms", 1e9) for i in range(2)) / 2  # noqa: E731
-dit = [d for s, d in r.items() if "ditlike" in s]
-rnd = [d for s, d in r.items() if "ditlike" not in s]
-ok = (len(dit) == 2 and len(rnd) == 2
-      and all(d.get(f"pwt_p3share_r{i}_ms", 1e9) < d.get(f"pwt_p3_r{i}_ms", 0) for d in dit for i in range(2))
-      and all(mean(d, "p3share") <= 1.01 * mean(d, "p3") for d in rnd)
-      and all(d.get("p3share_maxdiff_vs_p3", 1) == 0.0 for d in r.values()))
-print(int(ok))
-PYEOF
-)
+    SHARE=$(share_pick "$OUT/cute_pair_share.txt")
     if grep -qE "failed|error" "$OUT/tests_pair.log" || ! grep -q "passed" "$OUT/tests_pair.log"; then SHARE=0; fi
     log "decision: PSA_CUTE_PAIR_SHARE=${SHARE:-0} ($(tail -1 "$OUT/cute_pair_share.txt" | cut -c1-2500))"
     export PSA_CUTE_PAIR_SHARE=${SHARE:-0}
@@ -297,21 +299,7 @@ R)  # session 10 (carry .carry/cs1): the shared exact pipeline with its lists in
     if [ "$SMOKE" = 0 ]; then
         log "cute_pair --share"
         timeout -k 10 ${SHARE_PROBE_TIMEOUT:-240} python bench/probes/cute_pair.py --share > "$OUT/cute_pair_share.txt" 2>&1
-        # N's rule: faster than own lists in both rounds on both DiT-like shapes, <= 1% slower on random, same output
-        SHARE=$(python - "$OUT/cute_pair_share.txt" <<'PYEOF'
-import json, sys
-lines = [ln for ln in open(sys.argv[1]) if ln.startswith("RESULT ")]
-r = json.loads(lines[0][7:]) if lines else {}
-mean = lambda d, b: sum(d.get(f"pwt_{b}_r{i}_ms", 1e9) for i in range(2)) / 2  # noqa: E731
-dit = [d for s, d in r.items() if "ditlike" in s]
-rnd = [d for s, d in r.items() if "ditlike" not in s]
-ok = (len(dit) == 2 and len(rnd) == 2
-      and all(d.get(f"pwt_p3share_r{i}_ms", 1e9) < d.get(f"pwt_p3_r{i}_ms", 0) for d in dit for i in range(2))
-      and all(mean(d, "p3share") <= 1.01 * mean(d, "p3") for d in rnd)
-      and all(d.get("p3share_maxdiff_vs_p3", 1) == 0.0 for d in r.values()))
-print(int(ok))
-PYEOF
-)
+        SHARE=$(share_pick "$OUT/cute_pair_share.txt")
         [ "$PAIR_OK" = 1 ] || SHARE=0
         log "decision: PSA_CUTE_PAIR_SHARE=${SHARE:-0} ($(tail -1 "$OUT/cute_pair_share.txt" | cut -c1-2500))"
     fi
