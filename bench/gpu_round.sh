@@ -34,6 +34,14 @@ mkdir -p "$OUT"
 [ -f "$STASH/hsum_env" ] && . "$STASH/hsum_env"  # F's pick of the H-sum setting
 [ -f "$STASH/pair_env" ] && . "$STASH/pair_env"  # I's pick of the CuTe pair build
 log() { echo "[gpu_round $PHASE $(date -u +%H:%M:%S)] $*" | tee -a "$OUT/round.log"; }
+share_smoke() {  # the shared pipeline's crafted-list tests alone, stopping at the first failure; a pipeline that
+    # hangs is cut at 120 s. Sets SMOKE (0: passed)
+    log "pytest share smoke"
+    timeout -k 10 120 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_cute_pair_gpu.py -k "crafted" \
+        > "$OUT/tests_share_smoke.log" 2>&1
+    SMOKE=$?
+    log "pytest share smoke rc=$SMOKE $(tail -1 "$OUT/tests_share_smoke.log")"
+}
 share_pick() {  # the shared exact pipeline's rule on a cute_pair.py --share output: faster than the own-list
     # pipelines in both rounds on both DiT-like shapes, not slower than 1% on the random ones (means of the two
     # rounds), and the same output (the same tiles in the same order); prints 1 or 0
@@ -237,12 +245,7 @@ N)  # session 8, after a stash call (carry .carry/cs_b): the pair kernel with on
     # both lists (PSA_CUTE_PAIR_SHARE) - its tests, the probe on random and DiT-like inputs, the pick L and E then
     # run with, and every CuTe GPU test with that pick
     python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
-    # first the crafted-list tests alone, stopping at the first failure: a pipeline that hangs is cut at 150 s
-    log "pytest share smoke"
-    timeout -k 10 120 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_cute_pair_gpu.py -k "crafted" \
-        > "$OUT/tests_share_smoke.log" 2>&1
-    SMOKE=$?
-    log "pytest share smoke rc=$SMOKE $(tail -1 "$OUT/tests_share_smoke.log")"
+    share_smoke
     # the Triton GPU tests (the token-major output among them) while the pair kernel's picks are pending
     run_tests triton 150 tests/test_triton_gpu.py tests/test_api_errors.py
     if [ "$SMOKE" != 0 ]; then
@@ -287,11 +290,7 @@ PYEOF
 R)  # session 10 (carry .carry/cs1): the shared exact pipeline with its lists in shared memory and the pair kernel
     # reading the query rows through the Morton permutation (PSA_CUTE_PAIR_Q_PERM): tests, probes, picks
     python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
-    log "pytest share smoke"
-    timeout -k 10 120 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_cute_pair_gpu.py -k "crafted" \
-        > "$OUT/tests_share_smoke.log" 2>&1
-    SMOKE=$?
-    log "pytest share smoke rc=$SMOKE $(tail -1 "$OUT/tests_share_smoke.log")"
+    share_smoke
     run_tests pair 200 tests/test_cute_pair_gpu.py
     PAIR_OK=1
     if grep -qE "failed|error" "$OUT/tests_pair.log" || ! grep -q "passed" "$OUT/tests_pair.log"; then PAIR_OK=0; fi
