@@ -65,6 +65,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cute.runtime import from_dlpack
 
+from ..dispatch import log_once
 from .tile_ops import BS, LOG2E, TileOps
 
 log = logging.getLogger("piecewise_sparse_attention")
@@ -555,7 +556,10 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
         raise ValueError("cute backend: timing probes run on the pair build only")
     recip = pair and (_env_flag("PSA_CUTE_RECIP_STORE", RECIP_STORE) if recip is None else bool(recip))
     share = pair and (_env_flag("PSA_CUTE_PAIR_SHARE", PAIR_SHARE) if share is None else bool(share))
-    share = share and idx.shape[-1] <= PAIR_SHARE_MAX_SEL
+    if share and idx.shape[-1] > PAIR_SHARE_MAX_SEL:
+        log_once("cute:share_max_sel", "piecewise_sparse_attention: cute pair kernel: %d routed blocks per list "
+                 "exceed the shared exact pipeline's %d: a pipeline per list", idx.shape[-1], PAIR_SHARE_MAX_SEL)
+        share = False
     key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm, vt_stages, probe, recip, share,
            bool(q_perm))
     args = [_cute(x) for x in (q, k, v, out, kb, vm, hb)]

@@ -55,8 +55,9 @@ random inputs, two rounds; raw output bench/results/cute_pair_s7_h200.txt):
     everywhere, also where adjacent lists share 61-68% of their blocks (DiT-like): exact part (no virtual tiles)
     480p 7.72 vs 6.01 ms random, 7.17 vs 5.82 DiT-like; 720p 40.4 vs 29.8, 36.0 vs 28.7. The lists were then read
     from global memory at every union tile, by the producer and by each consumer between its GEMMs: a dependent
-    ~1 us load per tile against a ~0.5 us tile step. Both now read a shared-memory copy (lists up to
-    SHARE_MAX_SEL), compiled (168 registers, no spills), not yet timed.
+    load per tile (its latency not measured here) against a tile step of ~0.58 us per SM (the exact part's 5.8 ms
+    over 40 x 512 x 64 tiles on 132 SMs; a reading of the code, not profiled). Both now read a shared-memory copy
+    (lists up to SHARE_MAX_SEL), compiled (168 registers, no spills), not yet timed.
   * Tried and not kept, both with the consumer inside a loop over work items: a persistent grid (one CTA per SM,
     items round-robin) ran the exact part 0.55 ms slower at 480p (6.55 vs 6.00 ms without virtual tiles) and
     3.5 ms at 720p; CTAs of 1, 2 or 4 adjacent pairs were slower even at one (7.96 / 8.06 ms pwt at 480p). In the
