@@ -11,7 +11,7 @@ alternates another environment variable instead (keys op<A> / op<B>), e.g. `PSA_
 one chunk (0) against the 2 head chunks of 20 with a scatter each (1, the default since session 6), or
 `PSA_CUTE_Q_PERM 0 1 --flux`: the query rows read through the permutation by the kernel (no q copy, no scatter)
 against the block-order copies, at FLUX.1 1024^2 too (24 heads, 512 text tokens first, 8 sink blocks, d 0.2;
-`--flux-only`: there alone).
+`--flux-only`: there alone). PROBE_ROUNDS (default 2) sets how many times the two builds alternate.
 """
 import json
 import math
@@ -41,7 +41,7 @@ for name, grid, H, npre, density, sinks in SHAPES:
               backend="cute", on_failure="raise")
     d = res[name] = {"T": T}
     outs = {}
-    for r in range(2):
+    for r in range(int(os.environ.get("PROBE_ROUNDS", "2"))):
         for op in VALS:
             os.environ[ENV] = op
             outs[op] = psa(q, k, v, **kw)

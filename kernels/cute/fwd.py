@@ -104,7 +104,11 @@ PAIR_MIN_BLOCKS = 512
 RECIP_STORE = True
 # the pair build with one exact-tile pipeline fed the union of its two query blocks' lists (fwd_pair.py, share): a
 # block both lists hold is loaded once. Session 9: correct, 1.3-1.7 ms slower at 480p with the lists read from global
-# memory (cute_pair_share_s9_h200.txt); now from shared memory, not yet timed. PSA_CUTE_PAIR_SHARE=1/0 overrides
+# memory (cute_pair_share_s9_h200.txt). Session 10, lists in shared memory (cute_pair_share_s10_h200.txt, two
+# rounds): 0.5 ms faster than that, still slower than a pipeline per list everywhere: 480p random 8.16 / 8.21 vs
+# 6.93 / 7.06 ms, DiT-like (61% of adjacent lists shared) 7.67 / 7.62 vs 6.81 / 6.97, 720p DiT-like (68%) 38.3 /
+# 38.9 vs 35.6 / 34.7; its exact part alone 6.65 vs 5.87 ms on DiT-like 480p, although it loads ~30% fewer tiles:
+# the two consumers paced by one pipeline cost more than the loads saved. Off. PSA_CUTE_PAIR_SHARE=1/0 overrides
 PAIR_SHARE = False
 PAIR_SHARE_MAX_SEL = 256  # both lists in its shared memory (2 KiB); longer ones keep a pipeline per list
 # the pair build on the Morton path reading the caller's query rows through the permutation and writing the output
