@@ -363,6 +363,27 @@ X)  # session 10, last call (carry .carry/cs1 and .carry/pisa_official): the pee
     DIT_TIMEOUT=$((575 - SECONDS)) bash "$0" E
     exit $?
     ;;
+Q)  # session 10 (carry .carry/cs1): the Morton copies' budget against the target of at most 1x q of extra memory:
+    # PSA_MORTON_SCRATCH 1 (the default: 2 head chunks of 20 at Wan2.1-14B), 0.75 (3 of 14), 0.5 (4 of 10), both
+    # backends, with the raster order's time as Morton's yardstick; the smallest budget not slower than 1% (medians
+    # of 3 rounds) at 480p and 720p on both backends is picked, and the Morton GPU tests run with it
+    log "cute_out_perm PSA_MORTON_SCRATCH 1 0.75 0.5 (cute, triton; raster too)"
+    PROBE_ROUNDS=3 PROBE_BACKENDS=cute,triton PROBE_RASTER=1 timeout -k 10 ${MORTON_PROBE_TIMEOUT:-260} \
+        python bench/probes/cute_out_perm.py PSA_MORTON_SCRATCH 1 0.75 0.5 > "$OUT/morton_budget.txt" 2>&1
+    MS=$(python - "$OUT/morton_budget.txt" <<'PYEOF'
+import json, statistics, sys
+lines = [ln for ln in open(sys.argv[1]) if ln.startswith("RESULT ")]
+r = json.loads(lines[0][7:]) if lines else {}
+med = lambda x, o: statistics.median(v for k, v in x.items() if k.startswith(f"op{o}_r") and k.endswith("_ms"))  # noqa
+xs = [r.get(s, {}) for s in ("wan14", "wan14_720", "wan14_triton", "wan14_720_triton")]
+ok = [f for f in ("0.5", "0.75") if all(x.get("maxdiff", 1) <= 1e-3 and med(x, f) <= 1.01 * med(x, "1") for x in xs)]
+print(ok[0] if ok else "1")
+PYEOF
+)
+    log "decision: PSA_MORTON_SCRATCH=${MS:-1} ($(tail -1 "$OUT/morton_budget.txt" | cut -c1-3000))"
+    export PSA_MORTON_SCRATCH=${MS:-1}
+    run_tests morton 200 tests/test_triton_gpu.py tests/test_cute_gpu.py tests/test_cute_pair_gpu.py -k "orton"
+    ;;
 T)  # the CuTe GPU tests with the stashed picks (after N, when N had no time left for them)
     run_tests cute 300 tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
     ;;

@@ -244,8 +244,10 @@ MORTON_FLOOR = 256 * 2**20  # copies this small never split the heads: there lau
 
 
 def _copy_heads(q, n_copies: int, frac: float | None = None, floor: int | None = None) -> int:
-    """Heads per chunk so that `n_copies` block-order [B, hc, T, D] copies stay under max(frac x bytes(q),
-    floor) (frac: PSA_MORTON_SCRATCH, default 1; 0 or less: never split; floor: MORTON_FLOOR)."""
+    """Heads per chunk so that `n_copies` block-order [B, hc, T, D] copies stay under frac x bytes(q) (frac:
+    PSA_MORTON_SCRATCH, default 1; 0 or less: never split), or all heads when all the copies fit `floor`
+    (MORTON_FLOOR). At frac 1 this splits where max(frac x bytes(q), floor) did (two copies above the floor
+    mean q above half of it: either budget gives 2 chunks); below 1 the floor no longer caps the split."""
     H = q.shape[1]
     frac = _morton_fraction() if frac is None else frac
     floor = MORTON_FLOOR if floor is None else floor
@@ -253,7 +255,7 @@ def _copy_heads(q, n_copies: int, frac: float | None = None, floor: int | None =
     per_head = n_copies * q_bytes // H
     if frac <= 0 or per_head * H <= floor:
         return H
-    return max(1, min(H, int(max(frac * q_bytes, floor) // per_head)))
+    return max(1, min(H, int(frac * q_bytes // per_head)))
 
 
 def _even_chunks(H: int, hc: int) -> int:
