@@ -500,6 +500,10 @@ def _():
     out["real_hc"] = {name: kt._even_chunks(s[1], kt._copy_heads(meta(*s), 2, 1.0)) for name, s in
                       (("wan14_480p", (1, 40, 32760, 128)), ("wan14_720p", (1, 40, 75600, 128)),
                        ("wan13_480p", (1, 12, 32760, 128)), ("flux_1024", (1, 24, 4608, 128)))}
+    # at the default budget (frac None: 1, and 0.5 from MORTON_LARGE_BYTES of q): 720p's 738 MiB of q in 4 chunks
+    out["default_hc"] = {name: kt._even_chunks(s[1], kt._copy_heads(meta(*s), 2)) for name, s in
+                         (("wan14_480p", (1, 40, 32760, 128)), ("wan14_720p", (1, 40, 75600, 128)),
+                          ("wan13_480p", (1, 12, 32760, 128)), ("flux_1024", (1, 24, 4608, 128)))}
     # the three copies of an attention without a permutation: both limits x 1.5, so the same chunks
     out["real_hc_3copies"] = {
         name: kt._even_chunks(s[1], kt._copy_heads(meta(*s), 3, 1.5, int(1.5 * kt.MORTON_FLOOR))) for name, s in

@@ -9,7 +9,8 @@ Nothing here recompiles per shape: T, N, K (so density) are runtime arguments; t
 under `PSA_TRITON_SCRATCH` x the bytes of q (default 0.5) by processing the heads in chunks; the routing's
 float32 scores take at most score_budget() more. With a Morton permutation the statistics kernel also writes
 block-order copies of k and v (and q for an attention that takes no permutation: CuTe's), kept under
-`PSA_MORTON_SCRATCH` x q (default 1; 1.5 for three copies) the same way (_forward_gathered).
+`PSA_MORTON_SCRATCH` x q (default 1, 0.5 from 512 MiB of q; 1.5x that for three copies) the same way
+(_forward_gathered).
 """
 from __future__ import annotations
 
@@ -236,8 +237,18 @@ def _output_like(q, bthd: bool = False):
     return out if out.stride(-1) == 1 else torch.empty(q.shape, device=q.device, dtype=q.dtype)
 
 
-def _morton_fraction() -> float:
-    return _env_fraction("PSA_MORTON_SCRATCH", 1.0)
+# the Morton copies' budget in q's bytes (PSA_MORTON_SCRATCH overrides): 1 (2 head chunks of 20 at Wan2.1-14B), and
+# MORTON_LARGE_FRAC from MORTON_LARGE_BYTES of q on. H200, session 10 (cute_out_perm.py PSA_MORTON_SCRATCH 1 0.75
+# 0.5, medians of 3 rounds, ms; bench/results/morton_budget_s10_h200.txt): 480p (q 320 MiB) cute 7.89 / 8.01 /
+# 8.31, Triton 8.90 / 9.06 / 9.24 (raster 7.55 / 8.53): more chunks cost 1.5-5%; 720p (q 738 MiB) cute 38.02 /
+# 38.52 / 38.38, Triton 44.18 / 44.46 / 44.15 (raster 37.12 / 43.59): 4 chunks cost <1%, and the peak above
+# inputs and output falls from 1.79x / 1.29x q (cute / Triton) to 0.95x / 0.71x
+MORTON_LARGE_BYTES = 512 * 2**20
+MORTON_LARGE_FRAC = 0.5
+
+
+def _morton_fraction(q_bytes: int = 0) -> float:
+    return _env_fraction("PSA_MORTON_SCRATCH", MORTON_LARGE_FRAC if q_bytes >= MORTON_LARGE_BYTES else 1.0)
 
 
 MORTON_FLOOR = 256 * 2**20  # copies this small never split the heads: there launches, not memory, cost
@@ -245,13 +256,13 @@ MORTON_FLOOR = 256 * 2**20  # copies this small never split the heads: there lau
 
 def _copy_heads(q, n_copies: int, frac: float | None = None, floor: int | None = None) -> int:
     """Heads per chunk so that `n_copies` block-order [B, hc, T, D] copies stay under frac x bytes(q) (frac:
-    PSA_MORTON_SCRATCH, default 1; 0 or less: never split), or all heads when all the copies fit `floor`
+    PSA_MORTON_SCRATCH, default _morton_fraction's; 0 or less: never split), or all heads when all the copies fit `floor`
     (MORTON_FLOOR). At frac 1 this splits where max(frac x bytes(q), floor) did (two copies above the floor
     mean q above half of it: either budget gives 2 chunks); below 1 the floor no longer caps the split."""
     H = q.shape[1]
-    frac = _morton_fraction() if frac is None else frac
     floor = MORTON_FLOOR if floor is None else floor
     q_bytes = q.numel() * q.element_size()
+    frac = _morton_fraction(q_bytes) if frac is None else frac
     per_head = n_copies * q_bytes // H
     if frac <= 0 or per_head * H <= floor:
         return H
@@ -272,14 +283,16 @@ def _forward_gathered(q, k, v, cfg, perm, fperm, n_prefix, config, scratch, atte
     itself (its query tile is one load per program, never TMA), so q is not copied and the output lands in
     the caller's layout (a [B, L, H, D] caller's view needs no further copy) without a scatter pass; the k, v
     copies keep their TMA loads. Scratch: 2 x hc / H x q's bytes for the copies, the heads chunked so that
-    stays under PSA_MORTON_SCRATCH x q (default 1; copies up to MORTON_FLOOR in one chunk) + the statistics.
+    stays under PSA_MORTON_SCRATCH x q (default 1, 0.5 from MORTON_LARGE_BYTES of q on; copies up to MORTON_FLOOR in
+    one chunk) + the statistics.
 
     An attention that takes no permutation (CuTe's) gets q copied too and writes its block-order output over
     that copy (each program reads its own query rows before it writes the same rows, and no other program reads
     them); a scatter then puts it into the caller's layout (or, when it says `writes_out_perm()`, it writes
     the output rows through `fperm` straight into the caller's layout). Its three copies are budgeted like the
     two above, both limits scaled by 1.5, so the heads split exactly where this backend's do: in one chunk
-    3x q's bytes + the statistics and one scatter at the end; in several (Wan2.1-14B: 2 of 20 heads) 3 x hc / H
+    3x q's bytes + the statistics and one scatter at the end; in several (Wan2.1-14B 480p: 2 of 20 heads, 720p: 4 of
+    10) 3 x hc / H
     x q and one scatter per chunk into the caller's output. Such an attention must never run twice on the same
     arguments (the second run would read the first one's output as its queries): the CuTe kernel runs once per
     call; Triton's autotuner re-runs a kernel, which is why this backend's own attention takes the permutation."""
