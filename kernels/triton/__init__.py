@@ -256,8 +256,8 @@ MORTON_FLOOR = 256 * 2**20  # copies this small never split the heads: there lau
 
 def _copy_heads(q, n_copies: int, frac: float | None = None, floor: int | None = None) -> int:
     """Heads per chunk so that `n_copies` block-order [B, hc, T, D] copies stay under frac x bytes(q) (frac:
-    PSA_MORTON_SCRATCH, default _morton_fraction's; 0 or less: never split), or all heads when all the copies fit `floor`
-    (MORTON_FLOOR). At frac 1 this splits where max(frac x bytes(q), floor) did (two copies above the floor
+    PSA_MORTON_SCRATCH, default _morton_fraction's; 0 or less: never split), or all heads when all the copies fit
+    `floor` (MORTON_FLOOR). At frac 1 this splits where max(frac x bytes(q), floor) did (two copies above the floor
     mean q above half of it: either budget gives 2 chunks); below 1 the floor no longer caps the split."""
     H = q.shape[1]
     floor = MORTON_FLOOR if floor is None else floor
