@@ -13,7 +13,8 @@
 # cutlass-dsl site in one xz archive with a 256 MiB dictionary, bench/install_cute_site.sh, and ComfyUI's comfy/ .py
 # files for E; the two-call stash found a cold machine on its second call twice). Next: R, L, E, each carrying
 # [".carry/cs1"] (each call may land on a fresh machine). Session 10: R, then S, L, X back to back (X also carries
-# [".carry/pisa_official"], the official PISA file, for the peers).
+# [".carry/pisa_official"], the official PISA file, for the peers). Session 11: O, W, L, each carrying
+# [".carry/cs1"].
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
 # times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
@@ -383,6 +384,23 @@ PYEOF
     log "decision: PSA_MORTON_SCRATCH=${MS:-1} ($(tail -1 "$OUT/morton_budget.txt" | cut -c1-3000))"
     export PSA_MORTON_SCRATCH=${MS:-1}
     run_tests morton 200 tests/test_triton_gpu.py tests/test_cute_gpu.py tests/test_cute_pair_gpu.py -k "orton"
+    ;;
+O)  # session 11, first call (carry .carry/cs1): a side-stream H pass (PSA_H_OVERLAP, since removed), its bitwise
+    # tests and the graph tests, then the whole operator with it on / off (bench/probes/switch_ab.py)
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: Triton only"
+    run_tests streams 240 tests/test_triton_gpu.py tests/test_graphs_gpu.py -k "same_bits or graph or place"
+    log "switch_ab PSA_H_OVERLAP"
+    timeout -k 10 ${PROBE_TIMEOUT:-220} python bench/probes/switch_ab.py PSA_H_OVERLAP > "$OUT/h_overlap.txt" 2>&1
+    log "h_overlap rc=$? $(tail -1 "$OUT/h_overlap.txt" | cut -c1-3000)"
+    ;;
+W)  # session 11, second call (carry .carry/cs1): the routing pipeline (PSA_ROUTE_PIPE, since removed) on / off
+    # (routing alone and the whole operator), then every Triton, CuTe, non-finite and pair GPU test
+    log "switch_ab PSA_ROUTE_PIPE --route"
+    timeout -k 10 ${PROBE_TIMEOUT:-220} python bench/probes/switch_ab.py PSA_ROUTE_PIPE --route \
+        > "$OUT/route_pipe.txt" 2>&1
+    log "route_pipe rc=$? $(tail -1 "$OUT/route_pipe.txt" | cut -c1-3000)"
+    run_tests all $((570 - SECONDS)) tests/test_triton_gpu.py tests/test_cute_gpu.py tests/test_nonfinite.py \
+        tests/test_cute_pair_gpu.py
     ;;
 T)  # the CuTe GPU tests with the stashed picks (after N, when N had no time left for them)
     run_tests cute 300 tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
