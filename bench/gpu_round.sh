@@ -13,7 +13,7 @@
 # cutlass-dsl site in one xz archive with a 256 MiB dictionary, bench/install_cute_site.sh, and ComfyUI's comfy/ .py
 # files for E; the two-call stash found a cold machine on its second call twice). Next: R, L, E, each carrying
 # [".carry/cs1"] (each call may land on a fresh machine). Session 10: R, then S, L, X back to back (X also carries
-# [".carry/pisa_official"], the official PISA file, for the peers). Session 11: O, W, L, each carrying
+# [".carry/pisa_official"], the official PISA file, for the peers). Session 11: O and W, each carrying
 # [".carry/cs1"].
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
 # times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
