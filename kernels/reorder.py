@@ -23,6 +23,7 @@ def _check_grid(grid) -> tuple[int, ...]:
 
 
 @functools.lru_cache(maxsize=64)
+@torch.inference_mode(False)  # cached: never inference tensors (orders_on)
 def _morton_cpu(grid: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     coords = torch.meshgrid(*[torch.arange(n, dtype=torch.int64) for n in grid], indexing="ij")
     coords = [c.reshape(-1) for c in coords]
@@ -54,9 +55,11 @@ def orders_on(grid, device) -> tuple[torch.Tensor, torch.Tensor]:
     key = (_check_grid(grid), str(device))
     hit = _device_cache.get(key)
     if hit is None:
-        with _lock:
+        # cached for the process: never inference tensors (a first call under ComfyUI's inference_mode would
+        # otherwise break every later call that autograd records, e.g. LoRA training in the same process)
+        with _lock, torch.inference_mode(False):
             perm, inv = _morton_cpu(key[0])
-            hit = (perm.to(device), inv.to(device))
+            hit = (perm.to(device, copy=True), inv.to(device, copy=True))
             _device_cache[key] = hit
     return hit
 
@@ -74,10 +77,11 @@ def full_order(perm: torch.Tensor, n_prefix: int) -> torch.Tensor:
     hit = _full_cache.get(key)
     if hit is not None and hit[0] is perm:
         return hit[1]
-    full = torch.empty(n_prefix + perm.numel(), dtype=torch.int32, device=perm.device)
-    if n_prefix:
-        full[:n_prefix] = torch.arange(n_prefix, dtype=torch.int32, device=perm.device)
-    full[n_prefix:] = perm.to(dtype=torch.int32) + n_prefix
+    with torch.inference_mode(False):  # cached below: a normal tensor (orders_on)
+        full = torch.empty(n_prefix + perm.numel(), dtype=torch.int32, device=perm.device)
+        if n_prefix:
+            full[:n_prefix] = torch.arange(n_prefix, dtype=torch.int32, device=perm.device)
+        full[n_prefix:] = perm.to(dtype=torch.int32) + n_prefix
     capturing = perm.is_cuda and torch.cuda.is_current_stream_capturing()
     if not capturing and any(v[0] is perm for v in list(_device_cache.values())):
         with _lock:

@@ -59,6 +59,22 @@ def test_full_order_is_the_prefix_then_the_shifted_perm_and_cached_only_for_orde
     assert full_order(other, 4) is not full_order(other, 4) and torch.equal(full_order(other, 4), full)
 
 
+def test_orders_first_made_under_inference_mode_serve_autograd_later():
+    # ComfyUI samples under torch.inference_mode; the cached orders must still serve a later call that autograd
+    # records (LoRA training in the same process): inference tensors cannot be saved for backward
+    from kernels.reorder import apply_reorder, full_order, morton_order, orders_on
+    grid = (3, 7, 11)  # a grid no other test uses, so the first call below makes the cache entries
+    with torch.inference_mode():
+        perm, inv = orders_on(grid, "cpu")
+        full = full_order(perm, 2)
+        cpu_perm = morton_order(grid)
+    assert not any(t.is_inference() for t in (perm, inv, full, cpu_perm))
+    x = torch.randn(1, 1, 2 + perm.numel(), 4, requires_grad=True)
+    y = apply_reorder(x, full.long())
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.ones_like(x))
+
+
 def test_prefix_stays_in_front_and_undo_restores():
     grid, n_prefix = (4, 6), 5
     x = torch.arange(n_prefix + 24, dtype=torch.float64).view(1, 1, -1, 1).expand(1, 2, -1, 3).contiguous()
