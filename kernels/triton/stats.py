@@ -275,6 +275,18 @@ STATS_TC_DB = 64
 STATS_TC_WARPS = 4
 
 
+def stats_h_enabled() -> bool:
+    """pisa / pwt / cov_bias statistics and H partials in one pass (stats_h.py); PSA_STATS_H=0: the statistics
+    kernel, then the H-sum pass (read per call)."""
+    return os.environ.get("PSA_STATS_H", "1").strip() != "0"
+
+
+def stats_h_parts(n: int, bh: int, device=None) -> int:
+    """Programs (H partials) per (batch, head) of the one-pass statistics for `bh` (batch, head) pairs."""
+    from . import stats_h
+    return stats_h.parts_per_head(n, bh, _n_sm(device) if device is not None else 132)
+
+
 def stats_blocks_per_program(n: int, programs_per_block: int, device=None) -> int:
     """Blocks each statistics program loops over: STATS_BLOCKS, fewer when the grid would not fill STATS_MIN_WAVES
     programs per SM."""
@@ -311,16 +323,19 @@ def block_stats(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None,
     need_hnorm = cfg.cov_bias if need_hnorm is None else need_hnorm
     need_v = approx or need_h
     f32 = torch.float32
-    kbar = torch.empty(B, HC, n, D, device=dev, dtype=f32)
-    qbar = torch.empty_like(kbar)
-    q2 = torch.empty_like(kbar) if need_pwt else None
-    ksig2 = torch.empty_like(kbar) if need_pwt else None
-    kbar_lp = torch.empty(B, HC, n, D, device=dev, dtype=q.dtype) if need_v else None
-    vmean_lp = torch.empty_like(kbar_lp) if need_v else None
-    g = blocks_per_program(n, B * HC, dev) if need_h else 1
-    npart = triton.cdiv(n, g)
-    hpart = torch.empty(B, HC, npart, D, D, device=dev, dtype=f32) if need_h else None
-    dummy = kbar
+    # one pass for 16-bit inputs on the GPU (every dtype under the interpreter); float32 keeps the two passes
+    fused = need_h and stats_h_enabled() and (_INTERPRET or q.dtype in (torch.bfloat16, torch.float16))
+    if not fused:
+        kbar = torch.empty(B, HC, n, D, device=dev, dtype=f32)
+        qbar = torch.empty_like(kbar)
+        q2 = torch.empty_like(kbar) if need_pwt else None
+        ksig2 = torch.empty_like(kbar) if need_pwt else None
+        kbar_lp = torch.empty(B, HC, n, D, device=dev, dtype=q.dtype) if need_v else None
+        vmean_lp = torch.empty_like(kbar_lp) if need_v else None
+    else:
+        q2 = ksig2 = None
+    hpart = None
+    dummy = q if fused else kbar
     h_dot = 2 if _INTERPRET else (1 if q.dtype == torch.float16 else 0)
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2))
@@ -338,8 +353,17 @@ def block_stats(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None,
         g_args = (q, k, v, 0, 0, 0)
     db = min(STATS_DB, D)
     nsplit = D // db
-    fin = torch.empty(B, HC, n, nsplit, device=dev, dtype=torch.int32) if need_h else None
-    if STATS_TC and not need_v and not need_pwt and gathered is None:  # drop: q-bar, k-bar on tensor cores
+    fin = torch.empty(B, HC, n, nsplit, device=dev, dtype=torch.int32) if need_h and not fused else None
+    if fused:  # one pass over q, k, v: statistics and the H partials (the statistics as views of two buffers)
+        from .stats_h import stats_with_h
+        st32, lp, hpart = stats_with_h(
+            q, k, v, pm, strides, g_args, n=n, bs=bs, need_pwt=need_pwt, has_perm=perm is not None,
+            gather=gathered is not None, gather_q=gathered is not None and gathered[0] is not None,
+            parts=stats_h_parts(n, B * HC, dev))
+        qbar, kbar, kbar_lp, vmean_lp = st32[0], st32[1], lp[0], lp[1]
+        if need_pwt:
+            q2, ksig2 = st32[3], st32[4]
+    elif STATS_TC and not need_v and not need_pwt and gathered is None:  # drop: q-bar, k-bar on tensor cores
         db = min(STATS_TC_DB, D)
         gs = max(1, min(STATS_TC_BLOCKS, n))
         _qk_sums_tc_kernel[(triton.cdiv(n, gs) * (D // db), HC, B)](
@@ -359,7 +383,10 @@ def block_stats(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None,
     if gathered is not None:  # the H pass (and the norms) read the gathered copies in block order
         k, v, perm, pm = kg, vg, None, dummy
         strides = (0, 0, 0, k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2))
-    if need_h:
+    if need_h and not fused:
+        g = blocks_per_program(n, B * HC, dev)
+        npart = triton.cdiv(n, g)
+        hpart = torch.empty(B, HC, npart, D, D, device=dev, dtype=f32)
         _hsum_kernel[(npart, HC, B)](
             k, v, pm, kbar, fin, hpart, *strides[3:], HC, T, n, g, npart, D=D, BS=bs, NSPLIT=nsplit,
             HAS_PERM=perm is not None, H_DOT=h_dot, num_warps=HSUM_WARPS if D >= 128 else 4, num_stages=HSUM_STAGES,

@@ -79,7 +79,10 @@ def _forward_saving(q, k, v, cfg: SparseConfig, *, routing=None):
         if lse_c.data_ptr() != lse[:, h0:h1].data_ptr():
             lse[:, h0:h1] = lse_c
         parts.append((vbias, st))
-    cat = (lambda xs: xs[0] if len(xs) == 1 else torch.cat(xs, 1))
+    # one chunk: its tensors as they are, but those that share their storage (the one-pass statistics are views of
+    # one buffer) copied, since a custom op's outputs may not alias one another
+    own = (lambda x: x if x.untyped_storage().nbytes() == x.numel() * x.element_size() else x.clone())
+    cat = (lambda xs: own(xs[0]) if len(xs) == 1 else torch.cat(xs, 1))
     vbias = cat([p[0] for p in parts])
     def gather(name, used):
         # a variant's unused statistics are distinct empty tensors (custom-op outputs may not alias)

@@ -1,0 +1,268 @@
+"""Block statistics and the H_j sum in one pass over q, k and v (pisa / pwt / cov_bias; issue #11).
+
+`_stats_h_kernel`: one program per G consecutive 64-token blocks of one (batch, head), all D columns, 8 warps.
+Every tile feeds a dot, so Triton's software pipeliner stages the q / k / v loads into shared memory (cp.async,
+STAGES deep) and nothing in the loop is a cross-warp reduction:
+
+- column sums (k-bar, q-bar, the value sum; q^2 and the centred key squares for PWT) as `e0[16, BS] x tile` on
+  tensor cores (e0: a ones row over 15 zero rows, so the [16, D] result holds the sum in row 0 and zeros below);
+- sum_j K_j^T V_j accumulated in a [D, D] float32 register tile (wgmma), without centring: after the loop the
+  program subtracts sum_j kbar_j (x) vsum_j (MATH.md: sum_j H_j = K^T V - sum_j n_j kbar_j (x) V-hat_j / n_j,
+  exact) with one 3xTF32 dot over its blocks' float32 k-bar and value sums, and writes one [D, D] partial
+  (HPART[i_bh, i_g]; the routing's scores kernel sums a head's partials into H-bar, as before). The products
+  k * v of bf16 / fp16 inputs are exact in float32, so this is at least as accurate as centring first (which
+  rounded the centred keys to the input dtype), and float16 keys need no range guard;
+- sigma^2 centred on one key row of the program (c): sum (k - c)^2 / n - (kbar - c)^2, so a large common key
+  offset does not cancel in float32.
+
+Non-finite inputs: a block whose keys or values are not all finite contributes no H_j (MATH.md). The fast loop
+cannot tell, so when the program's partial comes out non-finite it is recomputed block by block
+(`_h_blocks_finite`: the old per-block centring, a block kept only when its H_j is finite), which never runs on
+finite data. With GATHER (Morton) the tiles are also written to QG / KG / VG at their block-order rows.
+
+Replaces stats._block_stats_kernel + stats._hsum_kernel (K and V read twice) where H is needed; drop keeps
+stats2's column sums (no values, no H).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .stats import _stats_load, _stats_write
+from .stats2 import _rows
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@triton.jit
+def _dot32(a, b, acc, PREC: tl.constexpr):
+    """float32 dot at float32 accuracy: 3xTF32 on the GPU, plain float32 under the interpreter."""
+    if PREC == 1:
+        return tl.dot(a, b, acc, input_precision="tf32x3")
+    else:
+        return tl.dot(a, b, acc, input_precision="ieee")
+
+
+@triton.jit
+def _row0(acc):
+    """[16, D] dot result whose rows 1..15 are zero -> its row 0 as [D] (the rows sit inside one warp)."""
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit
+def _colsum(e0, b_x, LOWP: tl.constexpr):
+    """[D] column sums of b_x [BS, D] (e0: [16, BS] float32, ones in row 0) on tensor cores: input-dtype operands
+    (exact products, float32 accumulation), float32 under the interpreter."""
+    acc = tl.zeros([16, b_x.shape[1]], dtype=tl.float32)
+    if LOWP:
+        return _row0(tl.dot(e0.to(b_x.dtype), b_x, acc))
+    else:
+        return _row0(tl.dot(e0, b_x.to(tl.float32), acc, input_precision="ieee"))
+
+
+@triton.jit
+def _sqsum(e0, b_x, LOWP: tl.constexpr):
+    """[D] column sums of b_x^2 (b_x float32): the squares split into bfloat16 high and low
+    parts, two exact-product dots (relative error ~2^-16 per square), float32 under the interpreter."""
+    acc = tl.zeros([16, b_x.shape[1]], dtype=tl.float32)
+    b_x2 = b_x * b_x
+    if LOWP:
+        b_hi = b_x2.to(tl.bfloat16)
+        b_lo = (b_x2 - b_hi.to(tl.float32)).to(tl.bfloat16)
+        e0b = e0.to(tl.bfloat16)
+        return _row0(tl.dot(e0b, b_lo, tl.dot(e0b, b_hi, acc)))
+    else:
+        return _row0(tl.dot(e0, b_x2, acc, input_precision="ieee"))
+
+
+@triton.jit
+def _exact_blocks(Q, K, V, PERM, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, VSUM, p_q, p_k, p_v, sq_t, sk_t, sv_t,
+                  i_bh, T, N, j0, j1, D: tl.constexpr, BS: tl.constexpr, NEED_PWT: tl.constexpr,
+                  HAS_PERM: tl.constexpr, LOWP: tl.constexpr):
+    """The rare path of a program whose fast sums came out non-finite (a non-finite input, or a float32 overflow):
+    blocks j0 .. j1 again with masked loads and plain reductions (stats._stats_write: an inf stays inf in its
+    own column, where the fast path's zero rows of e0 would have made it NaN), then sum_j H_j = (K_j -
+    kbar_j)^T V_j over the blocks whose k-bar and value sum are finite (bfloat16 operands: float16's range could
+    not hold centred keys; float32 under the interpreter). Returns that [D, D] sum."""
+    o_m = tl.arange(0, BS)
+    o_d = tl.arange(0, D)
+    for j in tl.range(j0, j1, num_stages=1):
+        b_q, b_k, b_v = _stats_load(p_q, p_k, p_v, PERM, sq_t, sk_t, sv_t, T, j, True, o_d, BS=BS, NEED_V=True,
+                                    HAS_PERM=HAS_PERM)
+        _stats_write(b_q, b_k, b_v, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, KBAR, Q, K, V, 0, 0, T, N, j, i_bh,
+                     0, o_d, D=D, NSPLIT=1, BS=BS, NEED_PWT=NEED_PWT, NEED_V=True, NEED_FIN=False, GATHER=False,
+                     GATHER_Q=False)
+        tl.store(VSUM + (i_bh * N + j) * D + o_d, tl.sum(b_v.to(tl.float32), axis=0))
+    tl.debug_barrier()  # the k-bar and value sums above, read back by other threads below
+    b_h = tl.zeros([D, D], dtype=tl.float32)
+    for j in tl.range(j0, j1, num_stages=1):
+        o_t = j * BS + o_m
+        b_kbar = tl.load(KBAR + (i_bh * N + j) * D + o_d)
+        keep = (tl.sum(b_kbar * 0.0 + tl.load(VSUM + (i_bh * N + j) * D + o_d) * 0.0, axis=0) == 0.0).to(tl.int32)
+        m_r = o_t < T * keep  # no rows of a dropped block
+        o_r = _rows(PERM, o_t, m_r, HAS_PERM=HAS_PERM)
+        b_k = tl.load(p_k + o_r[:, None] * sk_t + o_d[None, :], mask=m_r[:, None], other=0.0).to(tl.float32)
+        b_v = tl.load(p_v + o_r[:, None] * sv_t + o_d[None, :], mask=m_r[:, None], other=0.0)
+        b_kc = tl.where(m_r[:, None], b_k - b_kbar[None, :], 0.0)
+        if LOWP:
+            b_h = tl.dot(tl.trans(b_kc.to(tl.bfloat16)), b_v.to(tl.bfloat16), b_h)
+        else:
+            b_h = tl.dot(tl.trans(b_kc), b_v.to(tl.float32), b_h, input_precision="ieee")
+    return b_h
+
+
+@triton.jit
+def _stats_h_kernel(
+    Q, K, V, PERM, ST32, LP, HPART, QG, KG, VG,
+    sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t, sg_b, sg_h, sg_t,
+    HC, T, N, G, NPART, SROW,
+    D: tl.constexpr, BS: tl.constexpr, NEED_PWT: tl.constexpr, HAS_PERM: tl.constexpr, GATHER: tl.constexpr,
+    GATHER_Q: tl.constexpr, LOWP: tl.constexpr, PREC: tl.constexpr, STAGES: tl.constexpr,
+):
+    """ST32: float32 rows [q-bar, k-bar, value sum, (q^2, sigma^2)] x [B, HC, N, D], SROW apart; LP: input dtype
+    [k-bar, value mean] the same way."""
+    i_g, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_bh = i_b * HC + i_h
+    o_m = tl.arange(0, BS)
+    o_d = tl.arange(0, D)
+    o_e = tl.arange(0, 16)
+    NR32: tl.constexpr = 5 if NEED_PWT else 3
+    QBAR, KBAR, VSUM = ST32, ST32 + SROW, ST32 + 2 * SROW
+    Q2, KSIG2 = ST32 + 3 * SROW, ST32 + 4 * SROW  # (PWT only)
+    KBAR_LP, VMEAN_LP = LP, LP + SROW
+    p_q = Q + i_b * sq_b + i_h * sq_h
+    p_k = K + i_b * sk_b + i_h * sk_h
+    p_v = V + i_b * sv_b + i_h * sv_h
+    o_g = i_b * sg_b + i_h * sg_h
+    j0 = i_g * G
+    j1 = tl.minimum(j0 + G, N)
+    if NEED_PWT:
+        # sigma^2's centre: the program's first key row (0 where it is not finite)
+        r0 = _rows(PERM, j0 * BS + o_d * 0, o_d >= 0, HAS_PERM=HAS_PERM)
+        b_c = tl.load(p_k + r0 * sk_t + o_d).to(tl.float32)  # [D]
+        b_c = tl.where(b_c * 0.0 == 0.0, b_c, 0.0)
+    e0 = tl.where(o_e[:, None] == 0, 1.0, 0.0) + tl.zeros([16, BS], dtype=tl.float32)  # [16, BS], row 0 ones
+    o_row = o_e[:, None].to(tl.int64) * SROW  # [16, 1]: one output row per statistic
+    b_h = tl.zeros([D, D], dtype=tl.float32)
+    b_qbad = tl.zeros([D], dtype=tl.float32)  # NaN once a q sum is not finite (b_h tells for k and v)
+    for j in tl.range(j0, j1, num_stages=STAGES):
+        o_t = j * BS + o_m
+        # rows past T repeat row T - 1 (no masks to carry through the pipeline): the short last block is done
+        # again exactly after the loop, and their share of K^T V is taken back there
+        o_r = _rows(PERM, tl.minimum(o_t, T - 1), o_t >= 0, HAS_PERM=HAS_PERM)
+        b_q = tl.load(p_q + o_r[:, None] * sq_t + o_d[None, :])  # [BS, D]
+        b_k = tl.load(p_k + o_r[:, None] * sk_t + o_d[None, :])
+        b_v = tl.load(p_v + o_r[:, None] * sv_t + o_d[None, :])
+        if GATHER:
+            p_gt = o_g + o_t.to(tl.int64)[:, None] * sg_t + o_d[None, :]
+            m_gt = (o_t < T)[:, None]
+            if GATHER_Q:
+                tl.store(QG + p_gt, b_q, mask=m_gt)
+            tl.store(KG + p_gt, b_k, mask=m_gt)
+            tl.store(VG + p_gt, b_v, mask=m_gt)
+        if LOWP:
+            b_h = tl.dot(tl.trans(b_k), b_v, b_h)  # [D, BS] x [BS, D], exact products
+        else:
+            b_h = tl.dot(tl.trans(b_k.to(tl.float32)), b_v.to(tl.float32), b_h, input_precision="ieee")
+        cnt = tl.minimum(T - j * BS, BS).to(tl.float32)
+        b_qs = _colsum(e0, b_q, LOWP=LOWP)  # [D]
+        b_kbar = _colsum(e0, b_k, LOWP=LOWP) / cnt
+        b_vs = _colsum(e0, b_v, LOWP=LOWP)
+        b_qbad += b_qs * 0.0
+        # every statistic of the block in one [16, D] tile (row r -> output row r): one store, not one each
+        b_o = tl.where(o_e[:, None] == 0, (b_qs / cnt)[None, :],
+                       tl.where(o_e[:, None] == 1, b_kbar[None, :], b_vs[None, :]))
+        if NEED_PWT:
+            b_q2 = _sqsum(e0, b_q.to(tl.float32), LOWP=LOWP)
+            b_qbad += b_q2 * 0.0
+            b_dc = b_kbar - b_c
+            b_sig2 = _sqsum(e0, b_k.to(tl.float32) - b_c[None, :], LOWP=LOWP) / cnt - b_dc * b_dc
+            b_sig2 = tl.where(b_sig2 < 0.0, 0.0, b_sig2)  # rounding below 0 -> 0; NaN stays
+            b_o = tl.where(o_e[:, None] == 3, (b_q2 / cnt)[None, :],
+                           tl.where(o_e[:, None] == 4, b_sig2[None, :], b_o))
+        o_s = (i_bh * N + j) * D + o_d[None, :]
+        tl.store(ST32 + o_row + o_s, b_o, mask=o_e[:, None] < NR32)
+        b_lp = tl.where(o_e[:, None] == 0, b_kbar[None, :], (b_vs / cnt)[None, :])
+        tl.store(LP + o_row + o_s, b_lp.to(LP.dtype.element_ty), mask=o_e[:, None] < 2)
+    if j1 * BS > T:  # the short last block again, with masked loads (zeros past T)
+        tl.debug_barrier()  # after the loop's stores of the same block
+        b_q, b_k, b_v = _stats_load(p_q, p_k, p_v, PERM, sq_t, sk_t, sv_t, T, N - 1, True, o_d, BS=BS,
+                                    NEED_V=True, HAS_PERM=HAS_PERM)
+        _stats_write(b_q, b_k, b_v, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, KBAR, Q, K, V, 0, 0, T, N, N - 1,
+                     i_bh, 0, o_d, D=D, NSPLIT=1, BS=BS, NEED_PWT=NEED_PWT, NEED_V=True, NEED_FIN=False,
+                     GATHER=False, GATHER_Q=False)
+        tl.store(VSUM + (i_bh * N + N - 1) * D + o_d, tl.sum(b_v.to(tl.float32), axis=0))
+    # this program's k-bar and value sums, written above by other threads, are read back below
+    tl.debug_barrier()
+    for c0 in tl.range(j0, j1, 16, num_stages=1):
+        o_c = c0 + o_e
+        m_c = (o_c < j1)[:, None]
+        p_c = (i_bh * N + o_c)[:, None].to(tl.int64) * D + o_d[None, :]
+        b_kb = tl.load(KBAR + p_c, mask=m_c, other=0.0)  # [16, D]
+        b_vs = tl.load(VSUM + p_c, mask=m_c, other=0.0)
+        b_h = _dot32(tl.trans(-b_kb), b_vs, b_h, PREC=PREC)  # - sum_j kbar_j (x) vsum_j
+    n_pad = j1 * BS - T
+    if n_pad > 0:  # the padding rows of the last block repeated row T - 1: take their k^T v back
+        r_l = _rows(PERM, (T - 1) + o_e * 0, o_e >= 0, HAS_PERM=HAS_PERM)
+        m_l = (o_e == 0)[:, None]
+        b_kl = tl.load(p_k + r_l[:, None] * sk_t + o_d[None, :], mask=m_l, other=0.0).to(tl.float32)
+        b_vl = tl.load(p_v + r_l[:, None] * sv_t + o_d[None, :], mask=m_l, other=0.0).to(tl.float32)
+        b_h = _dot32(tl.trans(b_kl * (-n_pad).to(tl.float32)), b_vl, b_h, PREC=PREC)
+    if tl.sum(tl.sum(b_h * 0.0, axis=1), axis=0) + tl.sum(b_qbad, axis=0) != 0.0:
+        b_h = _exact_blocks(Q, K, V, PERM, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, VSUM, p_q, p_k, p_v, sq_t,
+                            sk_t, sv_t, i_bh, T, N, j0, j1, D=D, BS=BS, NEED_PWT=NEED_PWT, HAS_PERM=HAS_PERM,
+                            LOWP=LOWP)
+    tl.store(HPART + (i_bh * NPART + i_g).to(tl.int64) * D * D + o_d[:, None] * D + o_d[None, :], b_h)
+
+
+# knobs (PSA_STATS_H_* override them for a bench process). H200, bench/probes/stats_h.py, session 12, graph replays,
+# pwt bf16 Wan2.1-14B 480p raster / the Triton Morton gather, FLUX.1 1024^2 raster (ms): 8 warps 0.401 / 0.661,
+# 0.043; 16 warps 0.433 / 0.650, 0.046; 2 / 3 / 4 stages 0.525 / 0.402 / 0.397 and 0.055 / 0.043 / 0.043. 226
+# registers at 8 warps (sm_90a, no spills: bench/probes/stats2_compile.py fused), so one program per SM: the
+# programs-per-head choice below counts n_sm slots (its picks, 13 at 480p and 5 at FLUX.1, were the fastest P swept)
+STATS_H_WARPS = int(os.environ.get("PSA_STATS_H_WARPS", "8") or 8)
+STATS_H_STAGES = int(os.environ.get("PSA_STATS_H_STAGES", "3") or 3)
+STATS_H_CTAS_PER_SM = int(os.environ.get("PSA_STATS_H_CTAS_PER_SM", "1") or 1)
+STATS_H_PARTS = int(os.environ.get("PSA_STATS_H_PARTS", "0") or 0)  # > 0: this many programs per head (sweeps)
+STATS_H_MAX_PARTS = 32  # [D, D] float32 partials per head at most (64 KB each: written once, summed once)
+
+
+def parts_per_head(n: int, bh: int, n_sm: int, cps: int | None = None) -> int:
+    """P programs per (batch, head), each over ceil(n / P) blocks: the P that minimises the waves' length,
+    ceil(P bh / slots) x (ceil(n / P) + 2) (two blocks' worth for a program's start and its partial), so the
+    last wave is nearly full; ties to the smaller P (fewer partials)."""
+    if STATS_H_PARTS > 0:
+        return max(1, min(n, STATS_H_PARTS))
+    slots = max(1, n_sm * (STATS_H_CTAS_PER_SM if cps is None else cps))
+    best, best_p = None, 1
+    for p in range(1, min(n, STATS_H_MAX_PARTS) + 1):
+        g = -(-n // p)
+        if -(-n // g) != p:  # the same G as a smaller P: that P's program count
+            continue
+        cost = -(-p * bh // slots) * (g + 2)
+        if best is None or cost < best:
+            best, best_p = cost, p
+    return best_p
+
+
+def stats_with_h(q, k, v, pm, strides, g_args, *, n, bs, need_pwt, has_perm, gather, gather_q, parts):
+    """Launch _stats_h_kernel with `parts` programs per (batch, head) (parts_per_head). Returns (st32, lp,
+    hpart): float32 [3 or 5, B, HC, N, D] = q-bar, k-bar, value sum (+ q^2, sigma^2 for PWT); input dtype
+    [2, B, HC, N, D] = k-bar, value mean; the H partials [B, HC, P, D, D]."""
+    B, HC, T, D = q.shape
+    g = -(-n // parts)
+    p = -(-n // g)
+    st32 = torch.empty(5 if need_pwt else 3, B, HC, n, D, device=q.device, dtype=torch.float32)
+    lp = torch.empty(2, B, HC, n, D, device=q.device, dtype=q.dtype)
+    hpart = torch.empty(B, HC, p, D, D, device=q.device, dtype=torch.float32)
+    # the interpreter's bfloat16 dot is wrong: there every dot takes float32 operands (exact for these inputs)
+    lowp = not _INTERPRET
+    _stats_h_kernel[(p, HC, B)](
+        q, k, v, pm, st32, lp, hpart, *g_args[:3], *strides, *g_args[3:], HC, T, n, g, p, B * HC * n * D,
+        D=D, BS=bs, NEED_PWT=need_pwt, HAS_PERM=has_perm, GATHER=gather, GATHER_Q=gather_q, LOWP=lowp,
+        PREC=0 if _INTERPRET else 1, STAGES=STATS_H_STAGES, num_warps=STATS_H_WARPS, num_stages=STATS_H_STAGES,
+    )
+    return st32, lp, hpart
