@@ -14,7 +14,8 @@
 # files for E; the two-call stash found a cold machine on its second call twice). Next: R, L, E, each carrying
 # [".carry/cs1"] (each call may land on a fresh machine). Session 10: R, then S, L, X back to back (X also carries
 # [".carry/pisa_official"], the official PISA file, for the peers). Session 11: O and W, each carrying
-# [".carry/cs1"].
+# [".carry/cs1"]. Session 12: Y twice (the one-pass statistics, kernels/triton/stats_h.py, against the two passes),
+# then Z (every GPU test, then L) and Z2 (the fixes Z found, the backward tests, E), each carrying [".carry/cs1"].
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
 # times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
@@ -401,6 +402,35 @@ W)  # session 11, second call (carry .carry/cs1): the routing pipeline (PSA_ROUT
     log "route_pipe rc=$? $(tail -1 "$OUT/route_pipe.txt" | cut -c1-3000)"
     run_tests all $((570 - SECONDS)) tests/test_triton_gpu.py tests/test_cute_gpu.py tests/test_nonfinite.py \
         tests/test_cute_pair_gpu.py
+    ;;
+Y)  # session 12 (carry .carry/cs1): the statistics in one pass (kernels/triton/stats_h.py, PSA_STATS_H) against the
+    # statistics kernel + H-sum pass: the statistics alone (bench/probes/stats_h.py: layouts, float64 checks, sweeps),
+    # the GPU tests that run the statistics, then the whole operator on / off (bench/probes/switch_ab.py)
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: Triton only"
+    log "stats_h probe"
+    timeout -k 10 ${STATS_PROBE_TIMEOUT:-200} python bench/probes/stats_h.py > "$OUT/stats_h.txt" 2>&1
+    log "stats_h rc=$? $(grep -c '' "$OUT/stats_h.txt") lines"
+    run_tests stats_h 200 tests/test_triton_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
+    log "switch_ab PSA_STATS_H"
+    timeout -k 10 $((585 - SECONDS)) python bench/probes/switch_ab.py PSA_STATS_H > "$OUT/switch_stats_h.txt" 2>&1
+    log "switch_stats_h rc=$? $(tail -1 "$OUT/switch_stats_h.txt" | cut -c1-3000)"
+    ;;
+Z)  # session 12, after Y (carry .carry/cs1): every Triton, CuTe, graph, non-finite and pair GPU test with the
+    # one-pass statistics on, then every piece (L)
+    run_tests all 330 tests/test_triton_gpu.py tests/test_graphs_gpu.py tests/test_nonfinite.py tests/test_cute_gpu.py \
+        tests/test_cute_pair_gpu.py tests/test_api_errors.py
+    PIECES_TIMEOUT=$((585 - SECONDS)) bash "$0" L
+    exit $?
+    ;;
+Z2)  # session 12, last call (carry .carry/cs1): the training op's fix (its statistics outputs no longer alias) and the
+    # orders made under inference mode, the backward GPU tests (two workers: their float64 references are large),
+    # then the DiT step in the time left
+    run_tests fix 150 tests/test_triton_gpu.py tests/test_graphs_gpu.py -k "compiled or one_pass or grad or morton"
+    log "pytest backward"
+    timeout 240 python -m pytest -q -p no:cacheprovider -n 2 -m gpu tests/test_backward_gpu.py > "$OUT/tests_bwd.log" 2>&1
+    log "pytest backward rc=$? $(tail -1 "$OUT/tests_bwd.log")"
+    DIT_TIMEOUT=$((585 - SECONDS)) bash "$0" E
+    exit $?
     ;;
 T)  # the CuTe GPU tests with the stashed picks (after N, when N had no time left for them)
     run_tests cute 300 tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
