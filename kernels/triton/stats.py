@@ -1,4 +1,6 @@
-"""Block statistics in Triton (the routing lives in route.py).
+"""Block statistics in Triton (the routing lives in route.py). For pisa / pwt / cov_bias with 16-bit inputs the
+default is stats_h.py's one pass over q, k, v (statistics and H partials together); the two kernels below serve
+drop, float32 inputs and PSA_STATS_H=0.
 
 `_block_stats_kernel`: one program per 64-token block of one (batch, head) and half of the columns (by default;
 STATS_BLOCKS groups blocks per program) writes the float32 k-bar, q-bar (and q^2, sigma^2 for PWT) used for
