@@ -79,8 +79,9 @@ def test_parts_per_head_fill_the_last_wave(n, bh, n_sm, expect):
 
 
 def test_parts_per_head_never_leaves_a_program_empty():
-    for n in (1, 2, 7, 64, 100, 513, 1182, 4096):
+    for n in (1, 2, 7, 64, 100, 513, 1182, 4096, 16384):
         for bh in (1, 3, 24, 40, 80):
             p = parts_per_head(n, bh, 132, cps=1)
             g = -(-n // p)
-            assert 1 <= p <= min(n, 32) and -(-n // g) == p and (p - 1) * g < n, (n, bh, p)
+            assert 1 <= p <= max(min(n, 32), -(-n // 128)) and -(-n // g) == p and (p - 1) * g < n, (n, bh, p)
+            assert g <= 128, (n, bh, p)  # a program's value sums fit its [D, D] partial

@@ -136,11 +136,11 @@ def scratch_bytes_per_head(T, D, cfg, elem_bytes, K, bh=1, device=None) -> int:
     need_h = cfg.variant in ("pisa", "pwt") or cfg.cov_bias
     need_v = cfg.variant in ("pisa", "pwt") or need_h
     fused = need_h and _stats.stats_h_enabled() and elem_bytes == 2
-    if fused:  # one pass (stats_h.py): its partials, and its float32 value sums while it runs
-        npart = _stats.stats_h_parts(n, bh, device)
+    if fused:  # one pass (stats_h.py): its partials
+        npart = _stats.stats_h_parts(n, bh, device, D)
     else:
         npart = -(-n // _stats.blocks_per_program(n, bh, device)) if need_h else 0
-    stats = (n * D * (8 + (8 if pwt else 0) + (2 * elem_bytes if need_v else 0) + (4 if fused else 0))
+    stats = (n * D * (8 + (8 if pwt else 0) + (2 * elem_bytes if need_v else 0))
              + (D * D * (4 * npart + 4 + elem_bytes) + 4 if need_h else 0) + (4 * n if cfg.cov_bias else 0))
     bias_bytes = 2 if elem_bytes == 2 else 4
     routing = n * n * bias_bytes + n * K * 4

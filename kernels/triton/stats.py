@@ -283,10 +283,10 @@ def stats_h_enabled() -> bool:
     return os.environ.get("PSA_STATS_H", "1").strip() != "0"
 
 
-def stats_h_parts(n: int, bh: int, device=None) -> int:
+def stats_h_parts(n: int, bh: int, device=None, d: int = 128) -> int:
     """Programs (H partials) per (batch, head) of the one-pass statistics for `bh` (batch, head) pairs."""
     from . import stats_h
-    return stats_h.parts_per_head(n, bh, _n_sm(device) if device is not None else 132)
+    return stats_h.parts_per_head(n, bh, _n_sm(device) if device is not None else 132, d=d)
 
 
 def stats_blocks_per_program(n: int, programs_per_block: int, device=None) -> int:
@@ -361,10 +361,10 @@ def block_stats(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None,
         st32, lp, hpart = stats_with_h(
             q, k, v, pm, strides, g_args, n=n, bs=bs, need_pwt=need_pwt, has_perm=perm is not None,
             gather=gathered is not None, gather_q=gathered is not None and gathered[0] is not None,
-            parts=stats_h_parts(n, B * HC, dev))
+            parts=stats_h_parts(n, B * HC, dev, D))
         qbar, kbar, kbar_lp, vmean_lp = st32[0], st32[1], lp[0], lp[1]
         if need_pwt:
-            q2, ksig2 = st32[3], st32[4]
+            q2, ksig2 = st32[2], st32[3]
     elif STATS_TC and not need_v and not need_pwt and gathered is None:  # drop: q-bar, k-bar on tensor cores
         db = min(STATS_TC_DB, D)
         gs = max(1, min(STATS_TC_BLOCKS, n))

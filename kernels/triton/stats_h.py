@@ -79,7 +79,7 @@ def _sqsum(e0, b_x, LOWP: tl.constexpr):
 
 
 @triton.jit
-def _exact_blocks(Q, K, V, PERM, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, VSUM, p_q, p_k, p_v, sq_t, sk_t, sv_t,
+def _exact_blocks(Q, K, V, PERM, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, p_vs, p_q, p_k, p_v, sq_t, sk_t, sv_t,
                   i_bh, T, N, j0, j1, D: tl.constexpr, BS: tl.constexpr, NEED_PWT: tl.constexpr,
                   HAS_PERM: tl.constexpr, LOWP: tl.constexpr):
     """The rare path of a program whose fast sums came out non-finite (a non-finite input, or a float32 overflow):
@@ -95,13 +95,13 @@ def _exact_blocks(Q, K, V, PERM, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, VSUM,
         _stats_write(b_q, b_k, b_v, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, KBAR, Q, K, V, 0, 0, T, N, j, i_bh,
                      0, o_d, D=D, NSPLIT=1, BS=BS, NEED_PWT=NEED_PWT, NEED_V=True, NEED_FIN=False, GATHER=False,
                      GATHER_Q=False)
-        tl.store(VSUM + (i_bh * N + j) * D + o_d, tl.sum(b_v.to(tl.float32), axis=0))
+        tl.store(p_vs + j * D + o_d, tl.sum(b_v.to(tl.float32), axis=0))
     tl.debug_barrier()  # the k-bar and value sums above, read back by other threads below
     b_h = tl.zeros([D, D], dtype=tl.float32)
     for j in tl.range(j0, j1, num_stages=1):
         o_t = j * BS + o_m
         b_kbar = tl.load(KBAR + (i_bh * N + j) * D + o_d)
-        keep = (tl.sum(b_kbar * 0.0 + tl.load(VSUM + (i_bh * N + j) * D + o_d) * 0.0, axis=0) == 0.0).to(tl.int32)
+        keep = (tl.sum(b_kbar * 0.0 + tl.load(p_vs + j * D + o_d) * 0.0, axis=0) == 0.0).to(tl.int32)
         m_r = o_t < T * keep  # no rows of a dropped block
         o_r = _rows(PERM, o_t, m_r, HAS_PERM=HAS_PERM)
         b_k = tl.load(p_k + o_r[:, None] * sk_t + o_d[None, :], mask=m_r[:, None], other=0.0).to(tl.float32)
@@ -122,16 +122,17 @@ def _stats_h_kernel(
     D: tl.constexpr, BS: tl.constexpr, NEED_PWT: tl.constexpr, HAS_PERM: tl.constexpr, GATHER: tl.constexpr,
     GATHER_Q: tl.constexpr, LOWP: tl.constexpr, PREC: tl.constexpr, STAGES: tl.constexpr,
 ):
-    """ST32: float32 rows [q-bar, k-bar, value sum, (q^2, sigma^2)] x [B, HC, N, D], SROW apart; LP: input dtype
-    [k-bar, value mean] the same way."""
+    """ST32: float32 rows [q-bar, k-bar, (q^2, sigma^2)] x [B, HC, N, D], SROW apart; LP: input dtype [k-bar,
+    value mean] the same way. The float32 value sums (for the H correction; G <= D) wait in the program's own
+    [D, D] slot of HPART until the partial overwrites them."""
     i_g, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh = i_b * HC + i_h
     o_m = tl.arange(0, BS)
     o_d = tl.arange(0, D)
     o_e = tl.arange(0, 16)
-    NR32: tl.constexpr = 5 if NEED_PWT else 3
-    QBAR, KBAR, VSUM = ST32, ST32 + SROW, ST32 + 2 * SROW
-    Q2, KSIG2 = ST32 + 3 * SROW, ST32 + 4 * SROW  # (PWT only)
+    NR32: tl.constexpr = 5 if NEED_PWT else 3  # rows of the [16, D] statistics tile stored (row 2: value sums)
+    QBAR, KBAR = ST32, ST32 + SROW
+    Q2, KSIG2 = ST32 + 2 * SROW, ST32 + 3 * SROW  # (PWT only)
     KBAR_LP, VMEAN_LP = LP, LP + SROW
     p_q = Q + i_b * sq_b + i_h * sq_h
     p_k = K + i_b * sk_b + i_h * sk_h
@@ -139,13 +140,16 @@ def _stats_h_kernel(
     o_g = i_b * sg_b + i_h * sg_h
     j0 = i_g * G
     j1 = tl.minimum(j0 + G, N)
+    p_hs = HPART + (i_bh * NPART + i_g).to(tl.int64) * D * D  # this program's [D, D] partial
+    p_vs = p_hs - j0 * D  # block j's value sums at p_vs + j D until the partial is stored
     if NEED_PWT:
         # sigma^2's centre: the program's first key row (0 where it is not finite)
         r0 = _rows(PERM, j0 * BS + o_d * 0, o_d >= 0, HAS_PERM=HAS_PERM)
         b_c = tl.load(p_k + r0 * sk_t + o_d).to(tl.float32)  # [D]
         b_c = tl.where(b_c * 0.0 == 0.0, b_c, 0.0)
     e0 = tl.where(o_e[:, None] == 0, 1.0, 0.0) + tl.zeros([16, BS], dtype=tl.float32)  # [16, BS], row 0 ones
-    o_row = o_e[:, None].to(tl.int64) * SROW  # [16, 1]: one output row per statistic
+    o_row = (o_e - (o_e > 2).to(tl.int32))[:, None].to(tl.int64) * SROW  # [16, 1]: tile row -> ST32 row
+    o_lrow = o_e[:, None].to(tl.int64) * SROW
     b_h = tl.zeros([D, D], dtype=tl.float32)
     b_qbad = tl.zeros([D], dtype=tl.float32)  # NaN once a q sum is not finite (b_h tells for k and v)
     for j in tl.range(j0, j1, num_stages=STAGES):
@@ -184,9 +188,10 @@ def _stats_h_kernel(
             b_o = tl.where(o_e[:, None] == 3, (b_q2 / cnt)[None, :],
                            tl.where(o_e[:, None] == 4, b_sig2[None, :], b_o))
         o_s = (i_bh * N + j) * D + o_d[None, :]
-        tl.store(ST32 + o_row + o_s, b_o, mask=o_e[:, None] < NR32)
+        p_o = tl.where(o_e[:, None] == 2, p_vs + j * D + o_d[None, :], ST32 + o_row + o_s)
+        tl.store(p_o, b_o, mask=o_e[:, None] < NR32)
         b_lp = tl.where(o_e[:, None] == 0, b_kbar[None, :], (b_vs / cnt)[None, :])
-        tl.store(LP + o_row + o_s, b_lp.to(LP.dtype.element_ty), mask=o_e[:, None] < 2)
+        tl.store(LP + o_lrow + o_s, b_lp.to(LP.dtype.element_ty), mask=o_e[:, None] < 2)
     if j1 * BS > T:  # the short last block again, with masked loads (zeros past T)
         tl.debug_barrier()  # after the loop's stores of the same block
         b_q, b_k, b_v = _stats_load(p_q, p_k, p_v, PERM, sq_t, sk_t, sv_t, T, N - 1, True, o_d, BS=BS,
@@ -194,7 +199,7 @@ def _stats_h_kernel(
         _stats_write(b_q, b_k, b_v, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, KBAR, Q, K, V, 0, 0, T, N, N - 1,
                      i_bh, 0, o_d, D=D, NSPLIT=1, BS=BS, NEED_PWT=NEED_PWT, NEED_V=True, NEED_FIN=False,
                      GATHER=False, GATHER_Q=False)
-        tl.store(VSUM + (i_bh * N + N - 1) * D + o_d, tl.sum(b_v.to(tl.float32), axis=0))
+        tl.store(p_vs + (N - 1) * D + o_d, tl.sum(b_v.to(tl.float32), axis=0))
     # this program's k-bar and value sums, written above by other threads, are read back below
     tl.debug_barrier()
     for c0 in tl.range(j0, j1, 16, num_stages=1):
@@ -202,7 +207,7 @@ def _stats_h_kernel(
         m_c = (o_c < j1)[:, None]
         p_c = (i_bh * N + o_c)[:, None].to(tl.int64) * D + o_d[None, :]
         b_kb = tl.load(KBAR + p_c, mask=m_c, other=0.0)  # [16, D]
-        b_vs = tl.load(VSUM + p_c, mask=m_c, other=0.0)
+        b_vs = tl.load(p_vs + o_c[:, None] * D + o_d[None, :], mask=m_c, other=0.0)
         b_h = _dot32(tl.trans(-b_kb), b_vs, b_h, PREC=PREC)  # - sum_j kbar_j (x) vsum_j
     n_pad = j1 * BS - T
     if n_pad > 0:  # the padding rows of the last block repeated row T - 1: take their k^T v back
@@ -212,10 +217,11 @@ def _stats_h_kernel(
         b_vl = tl.load(p_v + r_l[:, None] * sv_t + o_d[None, :], mask=m_l, other=0.0).to(tl.float32)
         b_h = _dot32(tl.trans(b_kl * (-n_pad).to(tl.float32)), b_vl, b_h, PREC=PREC)
     if tl.sum(tl.sum(b_h * 0.0, axis=1), axis=0) + tl.sum(b_qbad, axis=0) != 0.0:
-        b_h = _exact_blocks(Q, K, V, PERM, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, VSUM, p_q, p_k, p_v, sq_t,
+        b_h = _exact_blocks(Q, K, V, PERM, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, p_vs, p_q, p_k, p_v, sq_t,
                             sk_t, sv_t, i_bh, T, N, j0, j1, D=D, BS=BS, NEED_PWT=NEED_PWT, HAS_PERM=HAS_PERM,
                             LOWP=LOWP)
-    tl.store(HPART + (i_bh * NPART + i_g).to(tl.int64) * D * D + o_d[:, None] * D + o_d[None, :], b_h)
+    tl.debug_barrier()  # every thread has read the value sums the partial now overwrites
+    tl.store(p_hs + o_d[:, None] * D + o_d[None, :], b_h)
 
 
 # knobs (PSA_STATS_H_* override them for a bench process). H200, bench/probes/stats_h.py, session 12, graph replays,
@@ -230,15 +236,16 @@ STATS_H_PARTS = int(os.environ.get("PSA_STATS_H_PARTS", "0") or 0)  # > 0: this 
 STATS_H_MAX_PARTS = 32  # [D, D] float32 partials per head at most (64 KB each: written once, summed once)
 
 
-def parts_per_head(n: int, bh: int, n_sm: int, cps: int | None = None) -> int:
-    """P programs per (batch, head), each over ceil(n / P) blocks: the P that minimises the waves' length,
-    ceil(P bh / slots) x (ceil(n / P) + 2) (two blocks' worth for a program's start and its partial), so the
-    last wave is nearly full; ties to the smaller P (fewer partials)."""
+def parts_per_head(n: int, bh: int, n_sm: int, cps: int | None = None, d: int = 128) -> int:
+    """P programs per (batch, head), each over G = ceil(n / P) <= d blocks (a program keeps its blocks' value sums in
+    its own [d, d] partial): the P that minimises the waves' length, ceil(P bh / slots) x (G + 2) (two blocks' worth
+    for a program's start and its partial), so the last wave is nearly full; ties to the smaller P (fewer partials)."""
+    p_min = -(-n // d)
     if STATS_H_PARTS > 0:
-        return max(1, min(n, STATS_H_PARTS))
+        return max(p_min, min(n, STATS_H_PARTS))
     slots = max(1, n_sm * (STATS_H_CTAS_PER_SM if cps is None else cps))
-    best, best_p = None, 1
-    for p in range(1, min(n, STATS_H_MAX_PARTS) + 1):
+    best, best_p = None, p_min
+    for p in range(p_min, max(p_min, min(n, STATS_H_MAX_PARTS)) + 1):
         g = -(-n // p)
         if -(-n // g) != p:  # the same G as a smaller P: that P's program count
             continue
@@ -249,13 +256,15 @@ def parts_per_head(n: int, bh: int, n_sm: int, cps: int | None = None) -> int:
 
 
 def stats_with_h(q, k, v, pm, strides, g_args, *, n, bs, need_pwt, has_perm, gather, gather_q, parts):
-    """Launch _stats_h_kernel with `parts` programs per (batch, head) (parts_per_head). Returns (st32, lp,
-    hpart): float32 [3 or 5, B, HC, N, D] = q-bar, k-bar, value sum (+ q^2, sigma^2 for PWT); input dtype
+    """Launch _stats_h_kernel with `parts` programs per (batch, head) (parts_per_head: at most D blocks each).
+    Returns (st32, lp, hpart): float32 [2 or 4, B, HC, N, D] = q-bar, k-bar (+ q^2, sigma^2 for PWT); input dtype
     [2, B, HC, N, D] = k-bar, value mean; the H partials [B, HC, P, D, D]."""
     B, HC, T, D = q.shape
     g = -(-n // parts)
     p = -(-n // g)
-    st32 = torch.empty(5 if need_pwt else 3, B, HC, n, D, device=q.device, dtype=torch.float32)
+    if g > D:
+        raise ValueError(f"stats_with_h: {g} blocks per program > D = {D} (parts_per_head bounds it)")
+    st32 = torch.empty(4 if need_pwt else 2, B, HC, n, D, device=q.device, dtype=torch.float32)
     lp = torch.empty(2, B, HC, n, D, device=q.device, dtype=q.dtype)
     hpart = torch.empty(B, HC, p, D, D, device=q.device, dtype=torch.float32)
     # the interpreter's bfloat16 dot is wrong: there every dot takes float32 operands (exact for these inputs)
