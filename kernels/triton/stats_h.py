@@ -1,27 +1,32 @@
-"""Block statistics and the H_j sum in one pass over q, k and v (pisa / pwt / cov_bias; issue #11).
+"""Block statistics and the H_j sum in one pass over q, k and v (pisa / pwt / cov_bias, 16-bit inputs; issue #11).
 
-`_stats_h_kernel`: one program per G consecutive 64-token blocks of one (batch, head), all D columns, 8 warps.
+`_stats_h_kernel`: one program per G <= D consecutive 64-token blocks of one (batch, head), all D columns, 8 warps.
 Every tile feeds a dot, so Triton's software pipeliner stages the q / k / v loads into shared memory (cp.async,
 STAGES deep) and nothing in the loop is a cross-warp reduction:
 
-- column sums (k-bar, q-bar, the value sum; q^2 and the centred key squares for PWT) as `e0[16, BS] x tile` on
-  tensor cores (e0: a ones row over 15 zero rows, so the [16, D] result holds the sum in row 0 and zeros below);
+- column sums (q-bar, k-bar, the value sum; q^2 and the centred key squares for PWT) as `e0[16, BS] x tile` on
+  tensor cores (e0: a ones row over 15 zero rows, so row 0 of the [16, D] result is the sum; the rows sit in one
+  warp), the squares as bfloat16 high and low parts; every statistic of a block goes into one [16, D] tile and
+  one store (one layout conversion), not one store each;
 - sum_j K_j^T V_j accumulated in a [D, D] float32 register tile (wgmma), without centring: after the loop the
   program subtracts sum_j kbar_j (x) vsum_j (MATH.md: sum_j H_j = K^T V - sum_j n_j kbar_j (x) V-hat_j / n_j,
-  exact) with one 3xTF32 dot over its blocks' float32 k-bar and value sums, and writes one [D, D] partial
-  (HPART[i_bh, i_g]; the routing's scores kernel sums a head's partials into H-bar, as before). The products
-  k * v of bf16 / fp16 inputs are exact in float32, so this is at least as accurate as centring first (which
-  rounded the centred keys to the input dtype), and float16 keys need no range guard;
+  exact) with 3xTF32 dots over its blocks' float32 k-bar and value sums (the value sums wait in the program's own
+  [D, D] partial slot, hence G <= D), and writes its partial there (HPART[i_bh, i_g]; the routing's scores kernel
+  sums a head's partials into H-bar, as before). The products k * v of bf16 / fp16 inputs are exact in float32, so
+  this is more accurate than centring first (which rounded the centred keys to the input dtype: H-bar 2.7e-6 vs
+  1.7e-3 from float64 on the H200), and float16 keys need no range guard;
 - sigma^2 centred on one key row of the program (c): sum (k - c)^2 / n - (kbar - c)^2, so a large common key
   offset does not cancel in float32.
 
-Non-finite inputs: a block whose keys or values are not all finite contributes no H_j (MATH.md). The fast loop
-cannot tell, so when the program's partial comes out non-finite it is recomputed block by block
-(`_h_blocks_finite`: the old per-block centring, a block kept only when its H_j is finite), which never runs on
-finite data. With GATHER (Morton) the tiles are also written to QG / KG / VG at their block-order rows.
+Rows past T repeat row T - 1 (no masks to carry through the pipeline): the short last block is done again
+exactly after the loop and its padding rows' share of K^T V taken back. Non-finite inputs: a block whose keys or
+values are not all finite contributes no H_j, and an inf stays inf in its own column (MATH.md); the fast sums
+cannot promise either (a zero row of e0 times inf is NaN), so a program whose partial or q sums come out
+non-finite redoes its blocks with masked loads and plain reductions (`_exact_blocks`), which never runs on finite
+data. With GATHER (Morton) the tiles are also written to QG / KG / VG at their block-order rows.
 
 Replaces stats._block_stats_kernel + stats._hsum_kernel (K and V read twice) where H is needed; drop keeps
-stats2's column sums (no values, no H).
+stats2's column sums (no values, no H), float32 inputs keep the two passes.
 """
 from __future__ import annotations
 
