@@ -54,7 +54,7 @@ if __name__ == "__main__":
             print("tc drop q,k db", db, "w", w, "stages", ns, comp(stats2._qk_sums_tc_kernel, ST, c, w, ns))
     if "fused" in which:  # stats_h._stats_h_kernel: statistics + H partials in one pass
         from kernels.triton import stats_h
-        SH = dict(ST, VSUM=F)
+        SH = dict(ST, ST32=F, LP=BF)
         for pwt, perm, gq, stages in ((True, False, False, 3), (True, False, False, 2), (False, False, False, 3),
                                       (True, True, True, 3), (True, True, False, 3)):
             c = dict(D=128, BS=64, NEED_PWT=pwt, HAS_PERM=perm, GATHER=perm, GATHER_Q=gq, LOWP=True, PREC=1,
