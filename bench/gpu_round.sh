@@ -432,6 +432,25 @@ Z2)  # session 12, last call (carry .carry/cs1): the training op's fix (its stat
     DIT_TIMEOUT=$((585 - SECONDS)) bash "$0" E
     exit $?
     ;;
+A13)  # session 13, first call (carry .carry/cs1): every GPU test on session 12's last kernel (the value sums in the
+    # partial slot, not run on a GPU before), the routing scores builds (bench/probes/route_sweep.py), Nsight Compute
+    # on the scores and select kernels at 720p (bench/probes/route_ncu.py), then the backward tests
+    run_tests all 300 tests/test_triton_gpu.py tests/test_graphs_gpu.py tests/test_nonfinite.py tests/test_cute_gpu.py \
+        tests/test_cute_pair_gpu.py tests/test_api_errors.py
+    log "route_sweep"
+    timeout -k 10 240 python bench/probes/route_sweep.py > "$OUT/route_sweep.txt" 2>&1
+    log "route_sweep rc=$? $(tail -1 "$OUT/route_sweep.txt" | cut -c1-200)"
+    log "ncu route"
+    timeout 150 ncu --kernel-name regex:"_scores_kernel|_select" --launch-skip 2 --launch-count 2 \
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+        --section SchedulerStats --section MemoryWorkloadAnalysis --csv python bench/probes/route_ncu.py \
+        > "$OUT/ncu_route.csv" 2> "$OUT/ncu_route.err"
+    log "ncu route rc=$? $(wc -l < "$OUT/ncu_route.csv") lines"
+    log "pytest backward"
+    timeout $((580 - SECONDS)) python -m pytest -q -p no:cacheprovider -n 2 -m gpu tests/test_backward_gpu.py \
+        > "$OUT/tests_bwd.log" 2>&1
+    log "pytest backward rc=$? $(tail -1 "$OUT/tests_bwd.log")"
+    ;;
 T)  # the CuTe GPU tests with the stashed picks (after N, when N had no time left for them)
     run_tests cute 300 tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
     ;;

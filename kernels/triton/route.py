@@ -44,25 +44,62 @@ ROUTE_KERNEL_MAX_N = 16384  # above this, torch routing (the [ROWS, NP2] keys wo
 
 
 @triton.jit
+def _dot_bf16x3(a, b, acc, EMU: tl.constexpr):
+    """acc + a @ b^T for float32 a [M, K], b [N, K] from three bfloat16 dots of their high / low parts (a = a_hi
+    + a_lo + O(2^-17 |a|)): each product within ~2^-16 of |a||b| relative, accumulated in float32, at half the
+    tensor time and shared-memory bytes of 3xTF32; the small terms first. EMU (the interpreter, whose bfloat16
+    dots are wrong): the same parts as float32, float32 dots."""
+    a_hi = a.to(tl.bfloat16)
+    a_lo = (a - a_hi.to(tl.float32)).to(tl.bfloat16)
+    b_hi = b.to(tl.bfloat16)
+    b_lo = (b - b_hi.to(tl.float32)).to(tl.bfloat16)
+    if EMU:
+        a_hi, a_lo = a_hi.to(tl.float32), a_lo.to(tl.float32)
+        b_hi, b_lo = tl.trans(b_hi.to(tl.float32)), tl.trans(b_lo.to(tl.float32))
+        acc = tl.dot(a_hi, b_lo, acc, input_precision="ieee")
+        acc = tl.dot(a_lo, b_hi, acc, input_precision="ieee")
+        return tl.dot(a_hi, b_hi, acc, input_precision="ieee")
+    else:
+        b_hi, b_lo = tl.trans(b_hi), tl.trans(b_lo)
+        acc = tl.dot(a_hi, b_lo, acc)
+        acc = tl.dot(a_lo, b_hi, acc)
+        return tl.dot(a_hi, b_hi, acc)
+
+
+@triton.jit
 def _score_tile(QBAR, KBAR, Q2, KSIG2, HNORM, i_bh, o_i, o_j, N, band, n_sink, scale, half_s2, ln_b,
-                D: tl.constexpr, DK: tl.constexpr, PWT: tl.constexpr, COV: tl.constexpr, PREC: tl.constexpr):
+                D: tl.constexpr, DK: tl.constexpr, PWT: tl.constexpr, COV: tl.constexpr, PREC: tl.constexpr,
+                SPLIT: tl.constexpr = 0):
     """(rank score with forced blocks at +inf, gated w) of the (o_i, o_j) pairs of one (batch, head); the
-    D-long dot products in DK-wide slices (float32 operand tiles stay small: no spills)."""
+    D-long dot products in DK-wide slices (float32 operand tiles stay small: no spills). SPLIT = 1: the dots
+    as three bfloat16 dots (_dot_bf16x3) instead of tl.dot at PREC."""
     o_k = tl.arange(0, DK)
     m_i = o_i < N
     m_j = o_j < N
-    p_r = (i_bh * N + o_i)[:, None].to(tl.int64) * D + o_k[None, :]
-    p_c = (i_bh * N + o_j)[:, None].to(tl.int64) * D + o_k[None, :]
+    # one int64 base per (batch, head), int32 offsets (N * D < 2^31): half the registers of int64 offset tiles
+    h_off = (i_bh * N).to(tl.int64) * D
+    QBAR += h_off
+    KBAR += h_off
+    Q2 += h_off
+    KSIG2 += h_off
+    p_r = o_i[:, None] * D + o_k[None, :]
+    p_c = o_j[:, None] * D + o_k[None, :]
     b_s = tl.zeros([o_i.shape[0], o_j.shape[0]], dtype=tl.float32)
     b_w = tl.zeros([o_i.shape[0], o_j.shape[0]], dtype=tl.float32)
     for d0 in range(0, D, DK):
         b_a = tl.load(QBAR + p_r + d0, mask=m_i[:, None], other=0.0)
         b_b = tl.load(KBAR + p_c + d0, mask=m_j[:, None], other=0.0)
-        b_s += tl.dot(b_a, tl.trans(b_b), input_precision=PREC)
+        if SPLIT:
+            b_s = _dot_bf16x3(b_a, b_b, b_s, EMU=PREC == "ieee")
+        else:
+            b_s += tl.dot(b_a, tl.trans(b_b), input_precision=PREC)
         if PWT:
             b_a2 = tl.load(Q2 + p_r + d0, mask=m_i[:, None], other=0.0)
             b_b2 = tl.load(KSIG2 + p_c + d0, mask=m_j[:, None], other=0.0)
-            b_w += tl.dot(b_a2, tl.trans(b_b2), input_precision=PREC)
+            if SPLIT:
+                b_w = _dot_bf16x3(b_a2, b_b2, b_w, EMU=PREC == "ieee")
+            else:
+                b_w += tl.dot(b_a2, tl.trans(b_b2), input_precision=PREC)
     b_s = b_s * scale
     if COV:
         b_hn = tl.load(HNORM + i_bh * N + o_j, mask=m_j, other=1.0)
@@ -103,7 +140,7 @@ def _scores_kernel(
     QBAR, KBAR, Q2, KSIG2, HNORM, SCORE, VBIAS, HPART, HBAR, HBAR_LP,
     N, NPART, HC, H0, HSUB, band, n_sink, scale, half_s2, ln_b, inv_n,
     D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, PWT: tl.constexpr, COV: tl.constexpr,
-    FINAL_H: tl.constexpr, PREC: tl.constexpr,
+    FINAL_H: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr,
 ):
     # heads H0 .. H0 + HSUB of every batch element; the scores are those of this sub-chunk only
     i_m, i_n, i_loc = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -111,9 +148,9 @@ def _scores_kernel(
     o_i = i_m * BM + tl.arange(0, BM)
     o_j = i_n * BN + tl.arange(0, BN)
     b_s, b_vb = _score_tile(QBAR, KBAR, Q2, KSIG2, HNORM, i_bh, o_i, o_j, N, band, n_sink, scale, half_s2,
-                            ln_b, D=D, DK=DK, PWT=PWT, COV=COV, PREC=PREC)
+                            ln_b, D=D, DK=DK, PWT=PWT, COV=COV, PREC=PREC, SPLIT=SPLIT)
     m_ij = (o_i < N)[:, None] & (o_j < N)[None, :]
-    o_ij = o_i[:, None].to(tl.int64) * N + o_j[None, :]
+    o_ij = o_i[:, None] * N + o_j[None, :]  # int32: N^2 < 2^31
     tl.store(SCORE + i_loc.to(tl.int64) * N * N + o_ij, b_s, mask=m_ij)
     tl.store(VBIAS + i_bh.to(tl.int64) * N * N + o_ij, b_vb.to(VBIAS.dtype.element_ty), mask=m_ij)
     if FINAL_H:
@@ -248,6 +285,19 @@ SCORE_WARPS = 4
 SCORE_BM = 64
 SCORE_BN = 64
 SCORE_STAGES = 1
+# a register cap for the scores kernel (None: ptxas's choice, 255 at 4 warps: two programs per SM)
+SCORE_MAXNREG = None
+# the scores' dot products: "tf32x3" (float32-accurate; "ieee" under the interpreter), "bf16x3" (three bfloat16
+# dots of high / low parts, ~1e-5 relative per term), "tf32" (one TF32 dot: a timing yardstick, ~5e-4)
+# (PSA_SCORE_PREC overrides it per call)
+SCORE_PREC = "tf32x3"
+
+
+def score_prec() -> str:
+    p = os.environ.get("PSA_SCORE_PREC", "").strip() or SCORE_PREC
+    if p not in ("tf32x3", "bf16x3", "tf32"):
+        raise ValueError(f"PSA_SCORE_PREC={p!r}: expected tf32x3, bf16x3 or tf32")
+    return p
 # which select kernel: "pieces" (kernels/triton/select.py: one warp per program, the row in one or two
 # power-of-two pieces, its own knobs there) or "bits" (_select_kernel above, SELECT_KEYS / SELECT_WARPS)
 SELECT_IMPL = "pieces"
@@ -292,13 +342,16 @@ def route(st, cfg: SparseConfig, dtype: torch.dtype, *, score_bytes: int = 256 *
     stat_args = (st.qbar, st.kbar, st.q2 if pwt else dummy, st.ksig2 if pwt else dummy,
                  st.hnorm if cov else dummy)
     common = (cfg.band, cfg.n_sink_blocks)
+    prec = score_prec()
+    regs = {"maxnreg": SCORE_MAXNREG} if SCORE_MAXNREG and not _INTERPRET else {}
     try:
         for h0 in range(0, HC, hsub):
             hs = min(hsub, HC - h0)
             _scores_kernel[(triton.cdiv(n, SCORE_BM), triton.cdiv(n, SCORE_BN), B * hs)](
                 *stat_args, score, vbias, *hargs, n, npart, HC, h0, hs, *common, scale, 0.5 * scale * scale,
                 math.log(cfg.block_size), 1.0 / n, D=D, BM=SCORE_BM, BN=SCORE_BN, DK=min(SCORE_DK, D), PWT=pwt,
-                COV=cov, FINAL_H=final_h, PREC=_PREC, num_warps=SCORE_WARPS, num_stages=SCORE_STAGES,
+                COV=cov, FINAL_H=final_h, PREC=_PREC if prec != "tf32" else prec,
+                SPLIT=int(prec == "bf16x3"), num_warps=SCORE_WARPS, num_stages=SCORE_STAGES, **regs,
             )
             _select(score, idx, vbias, n, kmax, HC, h0, hs, k, common, B * hs)
     except OutOfResources as e:

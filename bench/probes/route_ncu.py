@@ -1,0 +1,32 @@
+"""H200 probe for Nsight Compute: the routing kernels alone (kernels/triton/route.py) at Wan2.1-14B 720p (random
+bf16, pwt d 0.125, statistics precomputed), route() called 1 + --calls times, so that
+
+    ncu --kernel-name regex:"_scores_kernel|_select" --launch-skip 2 --launch-count 2 --section SpeedOfLight \
+        --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
+        --section MemoryWorkloadAnalysis --csv python bench/probes/route_ncu.py
+
+profiles one scores and one select launch after their compile. PSA_SCORE_PREC picks the scores' dots.
+
+    python bench/probes/route_ncu.py [--calls N] [--T T]"""
+import argparse
+import sys
+
+import torch
+
+sys.path.insert(0, ".")
+from kernels.config import SparseConfig  # noqa: E402
+from kernels.triton import stats as kts  # noqa: E402
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--calls", type=int, default=1)
+ap.add_argument("--T", type=int, default=75600)
+a = ap.parse_args()
+torch.manual_seed(0)
+q, k, v = (torch.randn(1, 40, a.T, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+cfg = SparseConfig(density=0.125, variant="pwt", band=1, n_sink_blocks=0, cov_bias=False, scale=128 ** -0.5)
+st = kts.block_stats(q, k, v, cfg)
+for _ in range(1 + a.calls):
+    st.hbar_ready = False
+    idx, vb = kts.route(st, cfg, q.dtype)
+torch.cuda.synchronize()
+print("done", int(idx.shape[-1]))

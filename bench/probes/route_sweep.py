@@ -1,0 +1,123 @@
+"""H200 probe: the routing kernels (kernels/triton/route.py) at Wan2.1-14B 480p / 720p and FLUX.1 1024^2 (random
+bf16, B1 D128, pwt at d 0.125 / 0.2, band 1), on precomputed statistics, for each build of the scores kernel:
+
+* the dots' precision (route.SCORE_PREC: "tf32x3", "bf16x3", "tf32"), D slice, warps, load stages and a register
+  cap (maxnreg: more programs per SM);
+* `route_ms`: the whole route() (scores + select + the H-bar reduction, H-bar reset before each call as
+  bench/pieces.py does), `scores_ms`: the same with the select launches skipped (select = the difference);
+  medians of triton.testing.do_bench, every build timed twice in alternated rounds;
+* against "tf32x3" (float32-accurate, the default): rows whose exact lists differ and, over those rows, the largest
+  float64 score gap of a swap (the best score a build left out minus the worst it took, in units of the row's
+  score spread), and the largest difference of the virtual-token bias outside the exact sets.
+
+Prints `RESULT {...}` last.    python bench/probes/route_sweep.py [--quick]
+"""
+import json
+import math
+import statistics
+import sys
+
+import torch
+import triton
+
+sys.path.insert(0, ".")
+from kernels.config import SparseConfig  # noqa: E402
+from kernels.triton import route as kr  # noqa: E402
+from kernels.triton import stats as kts  # noqa: E402
+
+QUICK = "--quick" in sys.argv
+SHAPES = [("wan14_720", 75600, 40, 0.125), ("wan14", 32760, 40, 0.125), ("flux", 4608, 24, 0.2)]
+# (prec, DK, warps, stages, maxnreg)
+BUILDS = [("tf32x3", 128, 4, 1, None), ("tf32x3", 32, 8, 1, None), ("tf32x3", 128, 4, 1, 128),
+          ("bf16x3", 128, 4, 1, None), ("bf16x3", 128, 8, 1, None), ("bf16x3", 32, 8, 1, None),
+          ("bf16x3", 64, 8, 3, None), ("bf16x3", 32, 4, 1, 128), ("bf16x3", 128, 4, 1, 168),
+          ("tf32", 128, 8, 1, None), ("tf32", 32, 4, 1, None)]
+if QUICK:
+    BUILDS = BUILDS[:1] + BUILDS[3:6]
+
+
+def setb(b):
+    kr.SCORE_PREC, kr.SCORE_DK, kr.SCORE_WARPS, kr.SCORE_STAGES, kr.SCORE_MAXNREG = b
+
+
+def name(b):
+    return f"{b[0]}_dk{b[1]}_w{b[2]}_s{b[3]}" + (f"_r{b[4]}" if b[4] else "")
+
+
+def ms(fn):
+    return triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")
+
+
+def main():
+    torch.manual_seed(0)
+    keep = (kr.SCORE_PREC, kr.SCORE_DK, kr.SCORE_WARPS, kr.SCORE_STAGES, kr.SCORE_MAXNREG)
+    sel = kr._select
+    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
+    for label, T, H, dens in SHAPES:
+        q, k, v = (torch.randn(1, H, T, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        cfg = SparseConfig(density=dens, variant="pwt", band=1, n_sink_blocks=0, cov_bias=False, scale=128 ** -0.5)
+        st = kts.block_stats(q, k, v, cfg)
+        del q, k, v
+
+        def route_once():
+            st.hbar_ready = False
+            return kts.route(st, cfg, torch.bfloat16)
+
+        d = res.setdefault(label, {})
+        lists = {}
+        for b in BUILDS:
+            setb(b)
+            try:
+                idx, vb = route_once()
+                torch.cuda.synchronize()
+                lists[name(b)] = (idx.clone(), vb.clone())
+            except Exception as e:  # noqa: BLE001
+                d[name(b) + "_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        ok = [b for b in BUILDS if name(b) in lists]
+        for rnd in range(2):
+            for b in (ok if rnd == 0 else ok[::-1]):
+                setb(b)
+                d.setdefault(name(b) + "_route_ms", []).append(round(ms(route_once), 4))
+                kr._select = lambda *a, **kw: None
+                try:
+                    d.setdefault(name(b) + "_scores_ms", []).append(round(ms(route_once), 4))
+                finally:
+                    kr._select = sel
+            print(label, "round", rnd, {kk: vv for kk, vv in d.items() if kk.endswith("_ms")}, flush=True)
+        # agreement with the float32-accurate build, scored in float64
+        base = name(BUILDS[0])
+        if base in lists:
+            s64 = (st.qbar.double() @ st.kbar.double().transpose(-1, -2)) * cfg.scale
+            w64 = (st.q2.double() @ st.ksig2.double().transpose(-1, -2)) * 0.5 * cfg.scale ** 2
+            s64 = s64 + w64.clamp(max=math.log(64))
+            spread = s64.std(-1)
+            ia, va = lists[base]
+            ea = va == float("-inf")
+            for nm, (ib, vb) in lists.items():
+                if nm == base:
+                    continue
+                eb = vb == float("-inf")
+                rows = (ea != eb).any(-1)
+                gap = 0.0
+                if rows.any():
+                    only_a = torch.where(ea & ~eb, s64, float("-inf")).amax(-1)  # best left out by b
+                    only_b = torch.where(eb & ~ea, s64, float("inf")).amin(-1)  # worst taken by b
+                    g = ((only_a - only_b) / spread)[rows]
+                    gap = float(g.max())
+                both = ~ea & ~eb
+                d[nm + "_vs_base"] = {"rows_differ": int(rows.sum()), "rows": int(rows.numel()),
+                                      "max_gap_in_spread": gap,
+                                      "bias_maxdiff": float((va.float() - vb.float())[both].abs().max())}
+            print(label, {kk: vv for kk, vv in d.items() if kk.endswith("_vs_base")}, flush=True)
+        del st, lists
+        torch.cuda.empty_cache()
+    setb(keep)
+    for sh in res.values():
+        if isinstance(sh, dict):
+            for kk, vv in list(sh.items()):
+                if kk.endswith("_ms") and isinstance(vv, list):
+                    sh[kk] = statistics.median(vv) if len(vv) > 2 else round(sum(vv) / len(vv), 4)
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+main()
