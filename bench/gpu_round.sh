@@ -451,6 +451,17 @@ A13)  # session 13, first call (carry .carry/cs1): every GPU test on session 12'
         > "$OUT/tests_bwd.log" 2>&1
     log "pytest backward rc=$? $(tail -1 "$OUT/tests_bwd.log")"
     ;;
+B13)  # session 13, second call (carry .carry/cs1): the routing builds again (bfloat16 x3 score dots, the select's
+    # bracket and register caps, larger score tiles, session 12's route.py as bench/probes/_route_prev.py), every
+    # GPU test with the new defaults, then every piece (L)
+    log "route_sweep"
+    timeout -k 10 200 python bench/probes/route_sweep.py > "$OUT/route_sweep.txt" 2>&1
+    log "route_sweep rc=$? $(tail -1 "$OUT/route_sweep.txt" | cut -c1-200)"
+    run_tests all 270 tests/test_triton_gpu.py tests/test_graphs_gpu.py tests/test_nonfinite.py tests/test_cute_gpu.py \
+        tests/test_cute_pair_gpu.py tests/test_api_errors.py
+    PIECES_TIMEOUT=$((585 - SECONDS)) bash "$0" L
+    exit $?
+    ;;
 T)  # the CuTe GPU tests with the stashed picks (after N, when N had no time left for them)
     run_tests cute 300 tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
     ;;

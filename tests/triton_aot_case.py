@@ -17,7 +17,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from kernels.triton import bwd, fwd, select, stats, stats2  # noqa: E402
+from kernels.triton import bwd, fwd, route, select, stats, stats2  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
@@ -94,9 +94,15 @@ compile_one("stats_pwt_gather_kv", stats._block_stats_kernel,
 # the routing select kernel at Wan2.1-14B 720p (a row in two pieces) and 480p (one piece), one warp
 sel_types = {"SCORE": F32, "IDX": I32, "VBIAS": "*fp16"}
 compile_one("select_pieces_1024_256", select._select_pieces_kernel, sel_types,
-            dict(NA=1024, NB=256, ROWS=1, KP2=256, BITS=1), 1, 1)
-compile_one("select_pieces_512", select._select_pieces_kernel, sel_types, dict(NA=512, NB=0, ROWS=1, KP2=128, BITS=1),
+            dict(NA=1024, NB=256, ROWS=1, KP2=256, BITS=1, BRACKET=1), 1, 1)
+compile_one("select_pieces_512", select._select_pieces_kernel, sel_types,
+            dict(NA=512, NB=0, ROWS=1, KP2=128, BITS=1, BRACKET=1),
             1, 1)
+# the routing scores kernel as the GPU runs it (pwt, D 128, the bfloat16 x3 dots over the whole D, 4 warps)
+compile_one("scores_pwt_bf16x3", route._scores_kernel,
+            {**{n: F32 for n in ("QBAR", "KBAR", "Q2", "KSIG2", "HNORM", "SCORE", "HPART", "HBAR")},
+             "VBIAS": "*fp16", "HBAR_LP": BF, "scale": "fp32", "half_s2": "fp32", "ln_b": "fp32", "inv_n": "fp32"},
+            dict(D=128, BM=64, BN=64, DK=128, PWT=True, COV=False, FINAL_H=True, PREC="tf32x3", SPLIT=1), 4, 1)
 # drop's statistics with the column sums on tensor cores (stats.STATS_TC, 64 columns, pipelined block loop)
 compile_one("stats_tc_drop", stats2._qk_sums_tc_kernel,
             {"Q": BF, "K": BF, "PERM": I32, "QBAR": F32, "KBAR": F32},

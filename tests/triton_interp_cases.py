@@ -158,6 +158,47 @@ def _():
     return out
 
 
+@case("scores_bf16x3_split_ranks_like_float32")
+def _():
+    # the GPU's default score dots (route.SCORE_PREC "bf16x3": high / low bfloat16 parts, emulated here in float32
+    # since the interpreter's bfloat16 dots are wrong) against the float32 dots: the same exact sets but where two
+    # blocks' float64 scores are within ~1e-4 of the row's spread, the same w where not exact
+    from kernels.triton import route as kr
+    out = {}
+    for var, cov in (("pwt", False), ("pisa", True)):
+        q, k, v = (rnd(1, 2, 64 * 24 + 13, 64, seed=170 + s) for s in range(3))
+        cfg = cfg_of(64, 0.2, var, band=1, sinks=1, cov=cov)
+        st = stats.block_stats(q, k, v, cfg)
+        keep = kr.SCORE_PREC
+        try:
+            res = {}
+            for p in ("tf32x3", "bf16x3"):
+                kr.SCORE_PREC = p
+                st.hbar_ready = False
+                res[p] = stats.route(st, cfg, q.dtype)
+        finally:
+            kr.SCORE_PREC = keep
+        (ia, va), (ib, vb) = res["tf32x3"], res["bf16x3"]
+        ea, eb = va == float("-inf"), vb == float("-inf")
+        s64 = (st.qbar.double() @ st.kbar.double().transpose(-1, -2)) * cfg.scale
+        if cov:
+            s64 = s64 + torch.log(st.hnorm.double() + 1e-6)[..., None, :]
+        if var == "pwt":
+            w64 = (st.q2.double() @ st.ksig2.double().transpose(-1, -2)) * 0.5 * cfg.scale ** 2
+            s64 = s64 + w64.clamp(max=math.log(64))
+        rows = (ea != eb).any(-1)
+        gap = 0.0
+        if rows.any():
+            only_a = torch.where(ea & ~eb, s64, float("-inf")).amax(-1)
+            only_b = torch.where(eb & ~ea, s64, float("inf")).amin(-1)
+            gap = float(((only_a - only_b) / s64.std(-1))[rows].max())
+        both = ~ea & ~eb
+        out[var] = {"rows_differ": int(rows.sum()), "rows": int(rows.numel()), "max_gap_in_spread": gap,
+                    "bias_maxdiff": float((va.float() - vb.float())[both].abs().max()),
+                    "counts_equal": bool(torch.equal(ea.sum(-1), eb.sum(-1)))}
+    return out
+
+
 @case("stats_grouped_blocks_equal_one_block_per_program")
 def _():
     # statistics programs loop over G blocks (last group partial), with and without the prefetch of the next
@@ -268,7 +309,7 @@ def _():
     from kernels.triton import route as kr
     from kernels.triton import select as ks
     out = {}
-    keep = (kr.SELECT_IMPL, ks.SELECT_BITS, ks.SELECT_SPLIT, ks.SELECT_PIECE_KEYS)
+    keep = (kr.SELECT_IMPL, ks.SELECT_BITS, ks.SELECT_SPLIT, ks.SELECT_PIECE_KEYS, ks.SELECT_BRACKET)
 
     def order_key(x):  # the kernels' key as a Python int
         b = int(torch.tensor([x], dtype=torch.float32).view(torch.int32)) & 0xFFFFFFFF
@@ -277,12 +318,21 @@ def _():
     try:
         for n, k, band, sinks, fill in ((37, 5, 1, 0, "mixed"), (70, 9, 0, 2, "mixed"), (1, 1, 0, 0, "mixed"),
                                         (20, 20, 1, 1, "mixed"), (33, 4, 2, 40, "mixed"), (24, 6, 0, 0, "equal"),
-                                        (40, 7, 1, 1, "nan")):
+                                        (40, 7, 1, 1, "nan"), (45, 6, 1, 0, "positive"), (38, 5, 0, 1, "narrow"),
+                                        (30, 4, 0, 0, "negative")):
             g = torch.Generator().manual_seed(n + k)
             score = torch.randn(1, n, n, generator=g)
             if fill == "equal":
                 score[0, : n // 2] = 0.25
-            if n > 10:
+            if fill == "positive":  # one sign and a few exponents: the bracket starts low
+                score = 0.3 + 0.3 * torch.rand(1, n, n, generator=g)
+            if fill == "narrow":  # keys that differ in their last bits only; rows 12.. all equal but one
+                score = 1.0 + torch.randint(0, 16, (1, n, n), generator=g) * 2.0 ** -23
+                score[0, 12:, :] = 0.75
+                score[0, 12:, 3] = 0.7500001
+            if fill == "negative":
+                score = -0.5 - torch.rand(1, n, n, generator=g)
+            if n > 10 and fill not in ("positive", "narrow", "negative"):
                 score[0, :8] = torch.round(score[0, :8] * 2) / 2  # ties across the threshold
                 score[0, 8, : n // 2] = 1e30
                 score[0, 9] = -1e30
@@ -299,21 +349,24 @@ def _():
                 want.append(sorted(sorted(range(n), key=lambda j: (-keys[i][j], j))[:ki]) + [-1] * (kmax - ki))
             want = torch.tensor(want, dtype=torch.int32)
             exact = torch.zeros(n, n, dtype=torch.bool).scatter_(1, want.clamp(min=0).long(), want >= 0)
-            runs = [("bits", 1, True, 512), ("pieces", 1, True, 512), ("pieces", 2, True, 512),
-                    ("pieces", 1, False, 64)]
-            for impl, bits, split, pkeys in runs:
+            runs = [("bits", 1, True, 512, False), ("pieces", 1, True, 512, False), ("pieces", 2, True, 512, False),
+                    ("pieces", 1, False, 64, False), ("pieces", 1, True, 512, True), ("pieces", 2, True, 512, True),
+                    ("pieces", 1, False, 64, True), ("pieces", 2, False, 64, True)]
+            for impl, bits, split, pkeys, bracket in runs:
                 if impl == "bits" and fill == "nan":
                     continue  # "bits" counts its padding (key of -inf) above a -NaN
                 kr.SELECT_IMPL, ks.SELECT_BITS, ks.SELECT_SPLIT, ks.SELECT_PIECE_KEYS = impl, bits, split, pkeys
+                ks.SELECT_BRACKET = bracket
                 idx = torch.full((1, 1, n, kmax), 7, dtype=torch.int32)
                 vbias = torch.zeros(1, 1, n, n, dtype=torch.float16)
                 kr._select(score, idx, vbias, n, kmax, 1, 0, 1, k, (band, sinks), 1)
                 shape = ks.pieces_shape(n) if impl == "pieces" else kr._select_shape(n)
-                name = f"n{n}_k{k}_{fill}_{impl}_bits{bits}_shape{'x'.join(map(str, shape))}"
+                name = (f"n{n}_k{k}_{fill}_{impl}_bits{bits}_shape{'x'.join(map(str, shape))}"
+                        + ("_bracket" if bracket and impl == "pieces" else ""))
                 out[name] = bool(torch.equal(idx[0, 0], want)) and bool(torch.equal(vbias[0, 0] == float("-inf"),
                                                                                    exact))
     finally:
-        kr.SELECT_IMPL, ks.SELECT_BITS, ks.SELECT_SPLIT, ks.SELECT_PIECE_KEYS = keep
+        kr.SELECT_IMPL, ks.SELECT_BITS, ks.SELECT_SPLIT, ks.SELECT_PIECE_KEYS, ks.SELECT_BRACKET = keep
     return out
 
 

@@ -23,25 +23,42 @@ import triton
 sys.path.insert(0, ".")
 from kernels.config import SparseConfig  # noqa: E402
 from kernels.triton import route as kr  # noqa: E402
+from kernels.triton import select as ks  # noqa: E402
 from kernels.triton import stats as kts  # noqa: E402
+sys.path.insert(0, "bench/probes")
+import _route_prev as kr_prev  # noqa: E402  session 12's route.py (int64 offsets)
 
 QUICK = "--quick" in sys.argv
 SHAPES = [("wan14_720", 75600, 40, 0.125), ("wan14", 32760, 40, 0.125), ("flux", 4608, 24, 0.2)]
-# (prec, DK, warps, stages, maxnreg)
-BUILDS = [("tf32x3", 128, 4, 1, None), ("tf32x3", 32, 8, 1, None), ("tf32x3", 128, 4, 1, 128),
-          ("bf16x3", 128, 4, 1, None), ("bf16x3", 128, 8, 1, None), ("bf16x3", 32, 8, 1, None),
-          ("bf16x3", 64, 8, 3, None), ("bf16x3", 32, 4, 1, 128), ("bf16x3", 128, 4, 1, 168),
-          ("tf32", 128, 8, 1, None), ("tf32", 32, 4, 1, None)]
+# knobs: prec, DK, warps, stages, maxnreg (route.SCORE_*), BM, BN, the select's bracket and register cap
+KNOBS = ("SCORE_PREC", "SCORE_DK", "SCORE_WARPS", "SCORE_STAGES", "SCORE_MAXNREG", "SCORE_BM", "SCORE_BN")
+SKNOBS = ("SELECT_BRACKET", "SELECT_MAXNREG")
+BASE = dict(SCORE_PREC="tf32x3", SCORE_DK=128, SCORE_WARPS=4, SCORE_STAGES=1, SCORE_MAXNREG=None, SCORE_BM=64,
+            SCORE_BN=64, SELECT_BRACKET=False, SELECT_MAXNREG=None)
+BUILDS = [("prev", dict(BASE, PREV=True)), ("tf32x3", BASE),
+          ("bf16x3", dict(BASE, SCORE_PREC="bf16x3")),
+          ("bf16x3_br", dict(BASE, SCORE_PREC="bf16x3", SELECT_BRACKET=True)),
+          ("bf16x3_br_sr96", dict(BASE, SCORE_PREC="bf16x3", SELECT_BRACKET=True, SELECT_MAXNREG=96)),
+          ("bf16x3_br_sr80", dict(BASE, SCORE_PREC="bf16x3", SELECT_BRACKET=True, SELECT_MAXNREG=80)),
+          ("bf16x3_128x64w8", dict(BASE, SCORE_PREC="bf16x3", SCORE_BM=128, SCORE_WARPS=8, SELECT_BRACKET=True)),
+          ("bf16x3_64x128w8", dict(BASE, SCORE_PREC="bf16x3", SCORE_BN=128, SCORE_WARPS=8, SELECT_BRACKET=True)),
+          ("bf16x3_128x128w8", dict(BASE, SCORE_PREC="bf16x3", SCORE_BM=128, SCORE_BN=128, SCORE_WARPS=8,
+                                    SELECT_BRACKET=True)),
+          ("bf16x3_dk64w4", dict(BASE, SCORE_PREC="bf16x3", SCORE_DK=64, SELECT_BRACKET=True)),
+          ("tf32_br", dict(BASE, SCORE_PREC="tf32", SELECT_BRACKET=True))]
 if QUICK:
-    BUILDS = BUILDS[:1] + BUILDS[3:6]
+    BUILDS = BUILDS[:4]
 
 
 def setb(b):
-    kr.SCORE_PREC, kr.SCORE_DK, kr.SCORE_WARPS, kr.SCORE_STAGES, kr.SCORE_MAXNREG = b
+    for kk in KNOBS:
+        setattr(kr, kk, b[kk])
+    for kk in SKNOBS:
+        setattr(ks, kk, b[kk])
 
 
 def name(b):
-    return f"{b[0]}_dk{b[1]}_w{b[2]}_s{b[3]}" + (f"_r{b[4]}" if b[4] else "")
+    return b
 
 
 def ms(fn):
@@ -50,8 +67,9 @@ def ms(fn):
 
 def main():
     torch.manual_seed(0)
-    keep = (kr.SCORE_PREC, kr.SCORE_DK, kr.SCORE_WARPS, kr.SCORE_STAGES, kr.SCORE_MAXNREG)
-    sel = kr._select
+    keep = {kk: getattr(kr, kk) for kk in KNOBS}
+    keep.update({kk: getattr(ks, kk) for kk in SKNOBS})
+    sel, sel_prev = kr._select, kr_prev._select
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
     for label, T, H, dens in SHAPES:
         q, k, v = (torch.randn(1, H, T, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -61,31 +79,36 @@ def main():
 
         def route_once():
             st.hbar_ready = False
-            return kts.route(st, cfg, torch.bfloat16)
+            return (kr_prev if cur.get("PREV") else kr).route(st, cfg, torch.bfloat16)
 
         d = res.setdefault(label, {})
         lists = {}
-        for b in BUILDS:
+        cur = {}
+        for nm, b in BUILDS:
             setb(b)
+            cur.clear()
+            cur.update(b)
             try:
                 idx, vb = route_once()
                 torch.cuda.synchronize()
-                lists[name(b)] = (idx.clone(), vb.clone())
+                lists[nm] = (idx.clone(), vb.clone())
             except Exception as e:  # noqa: BLE001
-                d[name(b) + "_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-        ok = [b for b in BUILDS if name(b) in lists]
+                d[nm + "_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        ok = [(nm, b) for nm, b in BUILDS if nm in lists]
         for rnd in range(2):
-            for b in (ok if rnd == 0 else ok[::-1]):
+            for nm, b in (ok if rnd == 0 else ok[::-1]):
                 setb(b)
-                d.setdefault(name(b) + "_route_ms", []).append(round(ms(route_once), 4))
-                kr._select = lambda *a, **kw: None
+                cur.clear()
+                cur.update(b)
+                d.setdefault(nm + "_route_ms", []).append(round(ms(route_once), 4))
+                kr._select = kr_prev._select = lambda *a, **kw: None
                 try:
-                    d.setdefault(name(b) + "_scores_ms", []).append(round(ms(route_once), 4))
+                    d.setdefault(nm + "_scores_ms", []).append(round(ms(route_once), 4))
                 finally:
-                    kr._select = sel
+                    kr._select, kr_prev._select = sel, sel_prev
             print(label, "round", rnd, {kk: vv for kk, vv in d.items() if kk.endswith("_ms")}, flush=True)
         # agreement with the float32-accurate build, scored in float64
-        base = name(BUILDS[0])
+        base = "tf32x3"
         if base in lists:
             s64 = (st.qbar.double() @ st.kbar.double().transpose(-1, -2)) * cfg.scale
             w64 = (st.q2.double() @ st.ksig2.double().transpose(-1, -2)) * 0.5 * cfg.scale ** 2

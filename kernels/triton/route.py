@@ -2,11 +2,12 @@
 
 1. `_scores_kernel`, one program per [64 x 64] tile of (query block, KV block) pairs of one (batch, head):
    score = s qbar.kbar (+ log(hnorm + 1e-6)) (+ min(w, ln Bs) for PWT, w = 1/2 s^2 q2.sigma2) on tensor cores
-   (3xTF32, float32-accurate; plain float32 under the interpreter), NaN/inf scores clamped, forced blocks
+   (SCORE_PREC: three bfloat16 dots of high / low parts on the GPU, ~1e-5 relative; 3xTF32, float32-accurate,
+   on request; plain float32 under the interpreter), NaN/inf scores clamped, forced blocks
    (band, sinks) at +inf; writes the float32 score and the virtual-token bias row (the gated w, 0 for PISA).
    Its tile (0, 0) also reduces the statistics' H_j partials into H-bar (float32 and input dtype).
 2. the select kernel, per query block the K_i = max(k, #forced) best by a bit search for the K_i-th largest
-   order-preserving key (ties by lower block id); writes the ascending index list (-1 padded) and marks the
+   order-preserving key (ties by lower block id; it starts below the bits the row's keys all share); writes the ascending index list (-1 padded) and marks the
    chosen blocks -inf in the bias row. SELECT_IMPL picks it: "pieces" (kernels/triton/select.py: one warp per
    program, one bit per step, the row in one or two power-of-two pieces) or "bits" (`_select_kernel` here:
    ROWS query blocks per 4-warp program over one power-of-two tile, two bits per step).
@@ -227,7 +228,8 @@ def _select(score, idx, vbias, n, kmax, HC, h0, hs, k, common, programs):
         na, nb, rows, warps = ks.pieces_shape(n)
         ks._select_pieces_kernel[(triton.cdiv(n, rows), programs)](
             score, idx, vbias, n, kmax, HC, h0, hs, k, *common,
-            NA=na, NB=nb, ROWS=rows, KP2=kp2, BITS=ks.SELECT_BITS, num_warps=warps,
+            NA=na, NB=nb, ROWS=rows, KP2=kp2, BITS=ks.SELECT_BITS, BRACKET=int(ks.SELECT_BRACKET), num_warps=warps,
+            **({"maxnreg": ks.SELECT_MAXNREG} if ks.SELECT_MAXNREG and not _INTERPRET else {}),
         )
     else:
         np2, rows, warps = _select_shape(n)
@@ -288,9 +290,13 @@ SCORE_STAGES = 1
 # a register cap for the scores kernel (None: ptxas's choice, 255 at 4 warps: two programs per SM)
 SCORE_MAXNREG = None
 # the scores' dot products: "tf32x3" (float32-accurate; "ieee" under the interpreter), "bf16x3" (three bfloat16
-# dots of high / low parts, ~1e-5 relative per term), "tf32" (one TF32 dot: a timing yardstick, ~5e-4)
-# (PSA_SCORE_PREC overrides it per call)
-SCORE_PREC = "tf32x3"
+# dots of high / low parts, ~1e-5 relative per term), "tf32" (one TF32 dot: a timing yardstick, ~5e-4).
+# PSA_SCORE_PREC overrides it per call. H200 (bench/probes/route_sweep.py, session 13): the scores at Wan2.1-14B
+# 720p 0.82 ms (tf32x3) -> 0.51 (bf16x3); its lists differ from tf32x3's in 69 of 47,280 rows, every swap between
+# blocks whose float64 scores lie within 3e-5 of the row's score spread (bfloat16 inputs round the block means
+# themselves far more). The interpreter keeps the float32-accurate dots (its bfloat16 conversions do not round
+# to nearest; tests/triton_interp_cases.py checks the emulated split separately)
+SCORE_PREC = "tf32x3" if _INTERPRET else "bf16x3"
 
 
 def score_prec() -> str:
