@@ -462,6 +462,23 @@ B13)  # session 13, second call (carry .carry/cs1): the routing builds again (bf
     PIECES_TIMEOUT=$((585 - SECONDS)) bash "$0" L
     exit $?
     ;;
+C13)  # session 13, last call (carry .carry/cs1): the routing speed knobs (int64 offset tiles, the select's register
+    # cap), zero-copy graph outputs at FLUX.1 as the node calls it (PSA_CUDA_GRAPH_ZERO_COPY), the GPU tests the
+    # routing and the graph cache touch, then every piece with the fastest routing build (with_route_pick.py)
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: Triton only"
+    log "route_sweep"
+    timeout -k 10 150 python bench/probes/route_sweep.py > "$OUT/route_sweep.txt" 2>&1
+    log "route_sweep rc=$? $(tail -1 "$OUT/route_sweep.txt" | cut -c1-200)"
+    log "switch_ab PSA_CUDA_GRAPH_ZERO_COPY"
+    timeout -k 10 120 python bench/probes/switch_ab.py PSA_CUDA_GRAPH_ZERO_COPY --flux-only \
+        > "$OUT/switch_zero_copy.txt" 2>&1
+    log "switch_zero_copy rc=$? $(tail -1 "$OUT/switch_zero_copy.txt" | cut -c1-2000)"
+    run_tests route 200 tests/test_triton_gpu.py tests/test_graphs_gpu.py tests/test_nonfinite.py tests/test_api_errors.py
+    log "pieces (route pick)"
+    timeout $((585 - SECONDS)) python bench/probes/with_route_pick.py "$OUT/route_sweep.txt" bench/pieces.py \
+        --out "$OUT/pieces_l" --morton --flux-node --ditlike --shapes wan14,wan14_720,flux > "$OUT/pieces_l.log" 2>&1
+    log "pieces rc=$? $(head -1 "$OUT/pieces_l.log")"
+    ;;
 T)  # the CuTe GPU tests with the stashed picks (after N, when N had no time left for them)
     run_tests cute 300 tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
     ;;

@@ -18,6 +18,11 @@ changes the captured work (`make_key`), and replays them:
   addresses hold when it runs, which the key guarantees is this call's q, k, v). No reference to the caller's
   tensors is kept. At most PSA_CUDA_GRAPH_IN_PLACE such graphs (default 4) are ever captured per cache, so
   addresses that keep changing never make calls re-capture;
+* zero copy (PSA_CUDA_GRAPH_ZERO_COPY, default on): a replay returns a view of the static output instead of a clone
+  when no earlier output of that graph is still held anywhere (its storage's use count is back to what the
+  capture left: a sampling loop consumes each attention output before the next call). A replay would overwrite
+  an output someone still holds, so such a call runs eagerly instead, and that graph clones from then on. The
+  returned view is only as stream-safe as any output read on the stream that produced it;
 * at most PSA_CUDA_GRAPH_ENTRIES graphs (LRU); evicting one frees its graph, memory pool and buffers;
 * a capture or replay failure is logged once with its reason, the key runs eagerly from then on, and the call
   returns the eager result: the graph path never makes a call fail.
@@ -67,6 +72,18 @@ def _env_int(name: str, default: int) -> int:
 
 def enabled() -> bool:
     return os.environ.get("PSA_CUDA_GRAPHS", "1").strip() != "0"
+
+
+def zero_copy() -> bool:
+    return os.environ.get("PSA_CUDA_GRAPH_ZERO_COPY", "1").strip() != "0"
+
+
+def _uses(t) -> int | None:
+    """How many tensors share t's storage (torch's storage use count, a private API: None where it is missing)."""
+    try:
+        return int(torch._C._storage_Use_Count(t.untyped_storage()._cdata))
+    except Exception:  # noqa: BLE001  (another torch, or a stand-in output)
+        return None
 
 
 def max_tokens() -> int:
@@ -184,6 +201,8 @@ class Entry:
     graph: object  # .replay() (and .reset() for a CUDA graph)
     out: torch.Tensor  # static output, written by each replay
     done: object = None  # torch.cuda.Event after the last replay's clone; None off CUDA
+    base_uses: int | None = None  # the static output's storage use count with nothing lent out (None: unknown)
+    lend: bool = True  # replays may return views of `out` (zero copy) until an output was found still held
 
 
 class GraphCache:
@@ -199,7 +218,8 @@ class GraphCache:
         self._addr_seen: OrderedDict[tuple, int] = OrderedDict()  # in-place key -> calls seen at those addresses
         self._in_place_captured = 0
         self._eager_only: dict[tuple, str] = {}
-        self.counts = {"eager": 0, "captures": 0, "replays": 0, "failures": 0, "evictions": 0, "in_place": 0}
+        self.counts = {"eager": 0, "captures": 0, "replays": 0, "failures": 0, "evictions": 0, "in_place": 0,
+                       "held": 0}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -222,9 +242,11 @@ class GraphCache:
                     self._entries.move_to_end(ikey)
                     try:
                         out = self._replay(ientry, q, k, v)
-                        self.counts["replays"] += 1
-                        self.counts["in_place"] += 1
-                        return out
+                        if out is not None:
+                            self.counts["replays"] += 1
+                            self.counts["in_place"] += 1
+                            return out
+                        self.counts["held"] += 1  # its last output is still held: the copy-in graph, or eager
                     except Exception as e:
                         self._fail(ikey, "in-place replay", e)
                 seen = self._addr_seen.pop(ikey, 0)
@@ -234,7 +256,7 @@ class GraphCache:
             entry = self._entries.get(key)
             if entry is not None:
                 self._entries.move_to_end(key)
-                if (ikey is not None and seen >= 2 and ikey not in self._eager_only
+                if (ikey is not None and seen >= 2 and ikey not in self._eager_only and ikey not in self._entries
                         and self._in_place_captured < self._max_in_place()):
                     try:
                         out = self._new_in_place(ikey, fn, q, k, v)
@@ -244,8 +266,10 @@ class GraphCache:
                         self._fail(ikey, "in-place capture", e)
                 try:
                     out = self._replay(entry, q, k, v)
-                    self.counts["replays"] += 1
-                    return out
+                    if out is not None:
+                        self.counts["replays"] += 1
+                        return out
+                    self.counts["held"] += 1  # its last output is still held: this call runs eagerly
                 except Exception as e:
                     self._fail(key, "replay", e)
             elif key in self._seen and key not in self._eager_only and self._max_entries() > 0:
@@ -275,7 +299,7 @@ class GraphCache:
         self._make_room()
         with torch.no_grad():
             graph, out = self._capture(fn, (q, k, v))
-        entry = Entry(None, graph, out, torch.cuda.Event() if q.is_cuda else None)
+        entry = Entry(None, graph, out, torch.cuda.Event() if q.is_cuda else None, _uses(out))
         result = self._replay(entry, q, k, v)
         self._addr_seen.pop(ikey, None)
         self._entries[ikey] = entry
@@ -291,7 +315,7 @@ class GraphCache:
             for s, x in zip(static, (q, k, v)):
                 s.copy_(x)
             graph, out = self._capture(fn, static)
-        entry = Entry(static, graph, out, torch.cuda.Event() if q.is_cuda else None)
+        entry = Entry(static, graph, out, torch.cuda.Event() if q.is_cuda else None, _uses(out))
         result = self._replay(entry, q, k, v)
         self._seen.pop(key, None)
         self._entries[key] = entry
@@ -302,7 +326,20 @@ class GraphCache:
 
     @staticmethod
     def _replay(entry: Entry, q, k, v):
+        """This call's output from the graph, or None when an earlier output of it is still held (a replay would
+        overwrite it): the caller then runs the call eagerly."""
         with torch.no_grad():
+            if entry.base_uses is not None:
+                uses = _uses(entry.out)
+                if uses is not None and uses < entry.base_uses:
+                    entry.base_uses = uses  # a reference the capture left has gone: the lower count is the base
+                if uses is not None and uses > entry.base_uses:
+                    if entry.lend:
+                        entry.lend = False
+                        log_once("graphs:held", "piecewise_sparse_attention: an attention output was still held at "
+                                 "the next call of its CUDA graph: that call ran eagerly, and the graph's calls return "
+                                 "copies from now on", level=logging.INFO)
+                    return None
             if entry.done is not None:
                 # the last replay's clone may still be running on another stream: finish it before the copy-in
                 torch.cuda.current_stream(q.device).wait_event(entry.done)
@@ -310,7 +347,10 @@ class GraphCache:
                 for s, x in zip(entry.inputs, (q, k, v)):
                     s.copy_(x)
             entry.graph.replay()
-            out = entry.out.clone()
+            if entry.lend and entry.base_uses is not None and zero_copy():
+                out = entry.out[...]  # a view: the storage's use count says when the caller let it go
+            else:
+                out = entry.out.clone()
             if entry.done is not None:
                 entry.done.record(torch.cuda.current_stream(q.device))
         return out

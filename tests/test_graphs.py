@@ -69,6 +69,8 @@ def _fresh(monkeypatch):
     # the copy-in graphs' tests call with the same tensors again and again: in-place graphs (their own tests
     # below) off unless a test turns them on
     monkeypatch.setenv("PSA_CUDA_GRAPH_IN_PLACE", "0")
+    # and they hold earlier outputs while they call again: zero-copy outputs (their own tests below) off too
+    monkeypatch.setenv("PSA_CUDA_GRAPH_ZERO_COPY", "0")
     monkeypatch.setattr(graphs, "_capturing", lambda: False)
     monkeypatch.setattr(graphs, "_compiling", lambda: False)
     monkeypatch.setattr(dispatch, "_logged", set())  # log_once lines are seen again in each test
@@ -240,6 +242,70 @@ def test_returned_tensor_is_never_the_static_buffer_and_new_inputs_give_their_an
     fresh = _cache_call(cache, "key", q2, k2, v2, [])
     torch.testing.assert_close(fresh, torch.softmax(q2 @ k2.transpose(-1, -2), -1) @ v2, rtol=0, atol=0)
     assert not torch.equal(fresh, want)
+
+
+def test_zero_copy_lends_the_static_output_while_nobody_holds_the_last_one(monkeypatch):
+    monkeypatch.setenv("PSA_CUDA_GRAPH_ZERO_COPY", "1")
+    cache = graphs.GraphCache(capture=FakeCapture())
+    _cache_call(cache, "key", *_qkv(), [])  # eager
+    for seed in range(4):  # a sampling loop: each output consumed (here: checked, then dropped) before the next call
+        q, k, v = _qkv(seed=seed)
+        out = _cache_call(cache, "key", q, k, v, [])
+        entry = cache._entries["key"]
+        assert out.data_ptr() == entry.out.data_ptr()  # no copy
+        torch.testing.assert_close(out, torch.softmax(q @ k.transpose(-1, -2), -1) @ v, rtol=0, atol=0)
+        del out
+    assert cache.counts["held"] == 0 and cache.counts["replays"] == 3 and entry.lend
+
+
+def test_zero_copy_never_overwrites_an_output_still_held(monkeypatch, caplog):
+    monkeypatch.setenv("PSA_CUDA_GRAPH_ZERO_COPY", "1")
+    cap = FakeCapture()
+    cache = graphs.GraphCache(capture=cap)
+    q, k, v = _qkv()
+    _cache_call(cache, "key", q, k, v, [])
+    kept = _cache_call(cache, "key", q, k, v, [])  # captured: a view of the static output, and the caller keeps it
+    want = kept.clone()
+    view = kept.view(-1)  # a view of the view holds it too
+    del kept
+    q2, k2, v2 = _qkv(seed=5)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        other = _cache_call(cache, "key", q2, k2, v2, [])  # a replay would overwrite `view`: eager instead
+    assert cache.counts["held"] == 1 and cap.graphs[0].replays == 1
+    torch.testing.assert_close(view.view_as(want), want, rtol=0, atol=0)
+    torch.testing.assert_close(other, torch.softmax(q2 @ k2.transpose(-1, -2), -1) @ v2, rtol=0, atol=0)
+    assert "still held" in caplog.text
+    entry = cache._entries["key"]
+    assert not entry.lend  # copies from now on
+    again = _cache_call(cache, "key", q2, k2, v2, [])  # `view` is still alive: eager again, never a replay
+    assert cache.counts["held"] == 2 and cap.graphs[0].replays == 1
+    del view
+    third = _cache_call(cache, "key", q2, k2, v2, [])  # nothing held: a replay, returned as a copy
+    assert cap.graphs[0].replays == 2 and third.data_ptr() != entry.out.data_ptr()
+    keep_third = third
+    fourth = _cache_call(cache, "key", q, k, v, [])  # copies are the caller's own: replays go on
+    assert cap.graphs[0].replays == 3 and cache.counts["held"] == 2
+    torch.testing.assert_close(keep_third, other, rtol=0, atol=0)
+    torch.testing.assert_close(fourth, want, rtol=0, atol=0)
+    torch.testing.assert_close(again, other, rtol=0, atol=0)
+
+
+def test_zero_copy_in_place_graph_held_falls_back_to_the_copy_in_graph(monkeypatch):
+    monkeypatch.setenv("PSA_CUDA_GRAPH_ZERO_COPY", "1")
+    monkeypatch.setenv("PSA_CUDA_GRAPH_IN_PLACE", "4")
+    cap = FakeCapture()
+    cache = graphs.GraphCache(capture=cap)
+    q, k, v = _qkv()
+    outs = [_cache_call(cache, "key", q, k, v, []) for _ in range(3)]  # eager, copy-in capture, in-place capture
+    del outs
+    a = _cache_call(cache, "key", q, k, v, [])  # nothing held: an in-place replay
+    b = _cache_call(cache, "key", q, k, v, [])  # `a` held: the in-place graph cannot replay; the copy-in one can
+    want = torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+    for out in (a, b):
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+    assert a.data_ptr() != b.data_ptr()
+    assert len(cap.graphs) == 2 and cache.counts["in_place"] == 1 and cache.counts["held"] == 1
+    assert b.data_ptr() == cache._entries["key"].out.data_ptr()  # lent by the copy-in graph
 
 
 def test_static_buffers_keep_the_callers_strides():
@@ -442,10 +508,19 @@ def _api_calls_equal_the_reference(calls):
 def test_api_fast_backend_calls_go_through_the_cache_with_morton_and_prefix(fast_api):
     fake, cap, cache = fast_api
     _api_calls_equal_the_reference(3)
-    assert cache.counts == {"eager": 1, "captures": 1, "replays": 1, "failures": 0, "evictions": 0, "in_place": 0}
+    assert cache.counts == {"eager": 1, "captures": 1, "replays": 1, "failures": 0, "evictions": 0, "in_place": 0,
+                            "held": 0}
     q2, k2, v2 = _qkv((1, 2, 100, 16), seed=3)
     torch.testing.assert_close(api.piecewise_sparse_attention(q2, k2, v2, **KW),
                                api.piecewise_sparse_attention(q2, k2, v2, backend="torch", **KW), rtol=0, atol=0)
+
+
+def test_api_calls_with_zero_copy_outputs_equal_the_reference(fast_api, monkeypatch):
+    fake, cap, cache = fast_api
+    monkeypatch.setenv("PSA_CUDA_GRAPH_ZERO_COPY", "1")
+    _api_calls_equal_the_reference(5)
+    assert cache.counts["replays"] == 3 and cache.counts["held"] == 0
+    assert next(iter(cache._entries.values())).lend
 
 
 def test_api_keeps_autograd_calls_and_the_torch_backend_out_of_the_cache(fast_api, monkeypatch):

@@ -36,6 +36,7 @@ def cache(monkeypatch):
     for name in ("PSA_CUDA_GRAPHS", "PSA_CUDA_GRAPH_MAX_TOKENS", "PSA_CUDA_GRAPH_ENTRIES"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("PSA_CUDA_GRAPH_IN_PLACE", "0")  # the copy-in graphs; in place: its own test
+    monkeypatch.setenv("PSA_CUDA_GRAPH_ZERO_COPY", "0")  # the tests hold earlier outputs; zero copy: its own test
     c = graphs.GraphCache()
     monkeypatch.setattr(graphs, "_CACHE", c)
     yield c
@@ -89,6 +90,30 @@ def test_result_is_the_callers_own_tensor_and_new_inputs_give_their_answer(monke
     assert cache.counts["captures"] == 1 and cache.counts["replays"] == 3
     assert torch.equal(fresh, _eager(monkeypatch, q2, k2, v2, backend))
     assert not torch.equal(fresh, want)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_zero_copy_outputs_equal_eager_and_a_held_one_is_never_overwritten(monkeypatch, cache, backend):
+    from kernels import piecewise_sparse_attention as psa
+    monkeypatch.setenv("PSA_CUDA_GRAPH_ZERO_COPY", "1")
+    monkeypatch.setenv("PSA_CUDA_GRAPH_IN_PLACE", "4")
+    wants = [_eager(monkeypatch, *_qkv(seed=s, comfy=True), backend) for s in (0, 10)]
+    q, k, v = _qkv(comfy=True)
+    with torch.inference_mode():  # how ComfyUI samples: each output consumed before the next call
+        for i in range(6):
+            out = psa(q, k, v, backend=backend, **KW)
+            assert torch.equal(out, wants[0]), i
+            del out
+        assert cache.counts["held"] == 0 and cache.counts["replays"] >= 3, cache.counts
+        kept = psa(q, k, v, backend=backend, **KW)  # lent, and kept
+        assert any(kept.data_ptr() == e.out.data_ptr() for e in cache._entries.values())
+        q2, k2, v2 = _qkv(seed=10, comfy=True)
+        for x, y in ((q, q2), (k, k2), (v, v2)):
+            x.copy_(y)
+        other = psa(q, k, v, backend=backend, **KW)  # the in-place graph's output is held: another path
+        torch.cuda.synchronize()
+    assert torch.equal(kept, wants[0]) and torch.equal(other, wants[1])
+    assert cache.counts["held"] >= 1
 
 
 def test_capture_under_inference_mode_then_a_call_outside_it(monkeypatch, cache):

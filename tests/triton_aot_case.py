@@ -94,9 +94,9 @@ compile_one("stats_pwt_gather_kv", stats._block_stats_kernel,
 # the routing select kernel at Wan2.1-14B 720p (a row in two pieces) and 480p (one piece), one warp
 sel_types = {"SCORE": F32, "IDX": I32, "VBIAS": "*fp16"}
 compile_one("select_pieces_1024_256", select._select_pieces_kernel, sel_types,
-            dict(NA=1024, NB=256, ROWS=1, KP2=256, BITS=1, BRACKET=1), 1, 1)
+            dict(NA=1024, NB=256, ROWS=1, KP2=256, BITS=1), 1, 1)
 compile_one("select_pieces_512", select._select_pieces_kernel, sel_types,
-            dict(NA=512, NB=0, ROWS=1, KP2=128, BITS=1, BRACKET=1),
+            dict(NA=512, NB=0, ROWS=1, KP2=128, BITS=1),
             1, 1)
 # the routing scores kernel as the GPU runs it (pwt, D 128, the bfloat16 x3 dots over the whole D, 4 warps)
 compile_one("scores_pwt_bf16x3", route._scores_kernel,

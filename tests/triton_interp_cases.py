@@ -309,7 +309,7 @@ def _():
     from kernels.triton import route as kr
     from kernels.triton import select as ks
     out = {}
-    keep = (kr.SELECT_IMPL, ks.SELECT_BITS, ks.SELECT_SPLIT, ks.SELECT_PIECE_KEYS, ks.SELECT_BRACKET)
+    keep = (kr.SELECT_IMPL, ks.SELECT_BITS, ks.SELECT_SPLIT, ks.SELECT_PIECE_KEYS)
 
     def order_key(x):  # the kernels' key as a Python int
         b = int(torch.tensor([x], dtype=torch.float32).view(torch.int32)) & 0xFFFFFFFF
@@ -324,7 +324,7 @@ def _():
             score = torch.randn(1, n, n, generator=g)
             if fill == "equal":
                 score[0, : n // 2] = 0.25
-            if fill == "positive":  # one sign and a few exponents: the bracket starts low
+            if fill == "positive":  # one sign and a few exponents
                 score = 0.3 + 0.3 * torch.rand(1, n, n, generator=g)
             if fill == "narrow":  # keys that differ in their last bits only; rows 12.. all equal but one
                 score = 1.0 + torch.randint(0, 16, (1, n, n), generator=g) * 2.0 ** -23
@@ -349,24 +349,21 @@ def _():
                 want.append(sorted(sorted(range(n), key=lambda j: (-keys[i][j], j))[:ki]) + [-1] * (kmax - ki))
             want = torch.tensor(want, dtype=torch.int32)
             exact = torch.zeros(n, n, dtype=torch.bool).scatter_(1, want.clamp(min=0).long(), want >= 0)
-            runs = [("bits", 1, True, 512, False), ("pieces", 1, True, 512, False), ("pieces", 2, True, 512, False),
-                    ("pieces", 1, False, 64, False), ("pieces", 1, True, 512, True), ("pieces", 2, True, 512, True),
-                    ("pieces", 1, False, 64, True), ("pieces", 2, False, 64, True)]
-            for impl, bits, split, pkeys, bracket in runs:
+            runs = [("bits", 1, True, 512), ("pieces", 1, True, 512), ("pieces", 2, True, 512),
+                    ("pieces", 1, False, 64)]
+            for impl, bits, split, pkeys in runs:
                 if impl == "bits" and fill == "nan":
                     continue  # "bits" counts its padding (key of -inf) above a -NaN
                 kr.SELECT_IMPL, ks.SELECT_BITS, ks.SELECT_SPLIT, ks.SELECT_PIECE_KEYS = impl, bits, split, pkeys
-                ks.SELECT_BRACKET = bracket
                 idx = torch.full((1, 1, n, kmax), 7, dtype=torch.int32)
                 vbias = torch.zeros(1, 1, n, n, dtype=torch.float16)
                 kr._select(score, idx, vbias, n, kmax, 1, 0, 1, k, (band, sinks), 1)
                 shape = ks.pieces_shape(n) if impl == "pieces" else kr._select_shape(n)
-                name = (f"n{n}_k{k}_{fill}_{impl}_bits{bits}_shape{'x'.join(map(str, shape))}"
-                        + ("_bracket" if bracket and impl == "pieces" else ""))
+                name = f"n{n}_k{k}_{fill}_{impl}_bits{bits}_shape{'x'.join(map(str, shape))}"
                 out[name] = bool(torch.equal(idx[0, 0], want)) and bool(torch.equal(vbias[0, 0] == float("-inf"),
                                                                                    exact))
     finally:
-        kr.SELECT_IMPL, ks.SELECT_BITS, ks.SELECT_SPLIT, ks.SELECT_PIECE_KEYS, ks.SELECT_BRACKET = keep
+        kr.SELECT_IMPL, ks.SELECT_BITS, ks.SELECT_SPLIT, ks.SELECT_PIECE_KEYS = keep
     return out
 
 

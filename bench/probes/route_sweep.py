@@ -1,12 +1,12 @@
 """H200 probe: the routing kernels (kernels/triton/route.py) at Wan2.1-14B 480p / 720p and FLUX.1 1024^2 (random
 bf16, B1 D128, pwt at d 0.125 / 0.2, band 1), on precomputed statistics, for each build of the scores kernel:
 
-* the dots' precision (route.SCORE_PREC: "tf32x3", "bf16x3", "tf32"), D slice, warps, load stages and a register
-  cap (maxnreg: more programs per SM);
+* the dots' precision (route.SCORE_PREC: "tf32x3", "bf16x3", "tf32"), D slice, warps, load stages, a register
+  cap (maxnreg: more programs per SM), int64 offset tiles or int32 offsets, the tile; the select's register cap;
 * `route_ms`: the whole route() (scores + select + the H-bar reduction, H-bar reset before each call as
   bench/pieces.py does), `scores_ms`: the same with the select launches skipped (select = the difference);
   medians of triton.testing.do_bench, every build timed twice in alternated rounds;
-* against "tf32x3" (float32-accurate, the default): rows whose exact lists differ and, over those rows, the largest
+* against "tf32x3" (float32-accurate; the default before session 13): rows whose exact lists differ and, over those rows, the largest
   float64 score gap of a swap (the best score a build left out minus the worst it took, in units of the row's
   score spread), and the largest difference of the virtual-token bias outside the exact sets.
 
@@ -25,27 +25,22 @@ from kernels.config import SparseConfig  # noqa: E402
 from kernels.triton import route as kr  # noqa: E402
 from kernels.triton import select as ks  # noqa: E402
 from kernels.triton import stats as kts  # noqa: E402
-sys.path.insert(0, "bench/probes")
-import _route_prev as kr_prev  # noqa: E402  session 12's route.py (int64 offsets)
+
 
 QUICK = "--quick" in sys.argv
 SHAPES = [("wan14_720", 75600, 40, 0.125), ("wan14", 32760, 40, 0.125), ("flux", 4608, 24, 0.2)]
-# knobs: prec, DK, warps, stages, maxnreg (route.SCORE_*), BM, BN, the select's bracket and register cap
-KNOBS = ("SCORE_PREC", "SCORE_DK", "SCORE_WARPS", "SCORE_STAGES", "SCORE_MAXNREG", "SCORE_BM", "SCORE_BN")
-SKNOBS = ("SELECT_BRACKET", "SELECT_MAXNREG")
-BASE = dict(SCORE_PREC="tf32x3", SCORE_DK=128, SCORE_WARPS=4, SCORE_STAGES=1, SCORE_MAXNREG=None, SCORE_BM=64,
-            SCORE_BN=64, SELECT_BRACKET=False, SELECT_MAXNREG=None)
-BUILDS = [("prev", dict(BASE, PREV=True)), ("tf32x3", BASE),
+# knobs: prec, DK, warps, stages, maxnreg, int64 offset tiles, BM, BN (route.SCORE_*), the select's register cap
+KNOBS = ("SCORE_PREC", "SCORE_DK", "SCORE_WARPS", "SCORE_STAGES", "SCORE_MAXNREG", "SCORE_OFF64", "SCORE_BM",
+         "SCORE_BN")
+SKNOBS = ("SELECT_MAXNREG",)
+BASE = dict(SCORE_PREC="tf32x3", SCORE_DK=128, SCORE_WARPS=4, SCORE_STAGES=1, SCORE_MAXNREG=None, SCORE_OFF64=False,
+            SCORE_BM=64, SCORE_BN=64, SELECT_MAXNREG=None)
+BUILDS = [("tf32x3", BASE), ("tf32x3_off64", dict(BASE, SCORE_OFF64=True)),
           ("bf16x3", dict(BASE, SCORE_PREC="bf16x3")),
-          ("bf16x3_br", dict(BASE, SCORE_PREC="bf16x3", SELECT_BRACKET=True)),
-          ("bf16x3_br_sr96", dict(BASE, SCORE_PREC="bf16x3", SELECT_BRACKET=True, SELECT_MAXNREG=96)),
-          ("bf16x3_br_sr80", dict(BASE, SCORE_PREC="bf16x3", SELECT_BRACKET=True, SELECT_MAXNREG=80)),
-          ("bf16x3_128x64w8", dict(BASE, SCORE_PREC="bf16x3", SCORE_BM=128, SCORE_WARPS=8, SELECT_BRACKET=True)),
-          ("bf16x3_64x128w8", dict(BASE, SCORE_PREC="bf16x3", SCORE_BN=128, SCORE_WARPS=8, SELECT_BRACKET=True)),
-          ("bf16x3_128x128w8", dict(BASE, SCORE_PREC="bf16x3", SCORE_BM=128, SCORE_BN=128, SCORE_WARPS=8,
-                                    SELECT_BRACKET=True)),
-          ("bf16x3_dk64w4", dict(BASE, SCORE_PREC="bf16x3", SCORE_DK=64, SELECT_BRACKET=True)),
-          ("tf32_br", dict(BASE, SCORE_PREC="tf32", SELECT_BRACKET=True))]
+          ("bf16x3_off64", dict(BASE, SCORE_PREC="bf16x3", SCORE_OFF64=True)),
+          ("bf16x3_sr80", dict(BASE, SCORE_PREC="bf16x3", SELECT_MAXNREG=80)),
+          ("bf16x3_sr96", dict(BASE, SCORE_PREC="bf16x3", SELECT_MAXNREG=96)),
+          ("bf16x3_off64_sr80", dict(BASE, SCORE_PREC="bf16x3", SCORE_OFF64=True, SELECT_MAXNREG=80))]
 if QUICK:
     BUILDS = BUILDS[:4]
 
@@ -69,7 +64,7 @@ def main():
     torch.manual_seed(0)
     keep = {kk: getattr(kr, kk) for kk in KNOBS}
     keep.update({kk: getattr(ks, kk) for kk in SKNOBS})
-    sel, sel_prev = kr._select, kr_prev._select
+    sel = kr._select
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
     for label, T, H, dens in SHAPES:
         q, k, v = (torch.randn(1, H, T, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -79,15 +74,12 @@ def main():
 
         def route_once():
             st.hbar_ready = False
-            return (kr_prev if cur.get("PREV") else kr).route(st, cfg, torch.bfloat16)
+            return kr.route(st, cfg, torch.bfloat16)
 
         d = res.setdefault(label, {})
         lists = {}
-        cur = {}
         for nm, b in BUILDS:
             setb(b)
-            cur.clear()
-            cur.update(b)
             try:
                 idx, vb = route_once()
                 torch.cuda.synchronize()
@@ -98,14 +90,12 @@ def main():
         for rnd in range(2):
             for nm, b in (ok if rnd == 0 else ok[::-1]):
                 setb(b)
-                cur.clear()
-                cur.update(b)
                 d.setdefault(nm + "_route_ms", []).append(round(ms(route_once), 4))
-                kr._select = kr_prev._select = lambda *a, **kw: None
+                kr._select = lambda *a, **kw: None
                 try:
                     d.setdefault(nm + "_scores_ms", []).append(round(ms(route_once), 4))
                 finally:
-                    kr._select, kr_prev._select = sel, sel_prev
+                    kr._select = sel
             print(label, "round", rnd, {kk: vv for kk, vv in d.items() if kk.endswith("_ms")}, flush=True)
         # agreement with the float32-accurate build, scored in float64
         base = "tf32x3"

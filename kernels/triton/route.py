@@ -7,7 +7,7 @@
    (band, sinks) at +inf; writes the float32 score and the virtual-token bias row (the gated w, 0 for PISA).
    Its tile (0, 0) also reduces the statistics' H_j partials into H-bar (float32 and input dtype).
 2. the select kernel, per query block the K_i = max(k, #forced) best by a bit search for the K_i-th largest
-   order-preserving key (ties by lower block id; it starts below the bits the row's keys all share); writes the ascending index list (-1 padded) and marks the
+   order-preserving key (ties by lower block id); writes the ascending index list (-1 padded) and marks the
    chosen blocks -inf in the bias row. SELECT_IMPL picks it: "pieces" (kernels/triton/select.py: one warp per
    program, one bit per step, the row in one or two power-of-two pieces) or "bits" (`_select_kernel` here:
    ROWS query blocks per 4-warp program over one power-of-two tile, two bits per step).
@@ -70,21 +70,24 @@ def _dot_bf16x3(a, b, acc, EMU: tl.constexpr):
 @triton.jit
 def _score_tile(QBAR, KBAR, Q2, KSIG2, HNORM, i_bh, o_i, o_j, N, band, n_sink, scale, half_s2, ln_b,
                 D: tl.constexpr, DK: tl.constexpr, PWT: tl.constexpr, COV: tl.constexpr, PREC: tl.constexpr,
-                SPLIT: tl.constexpr = 0):
+                SPLIT: tl.constexpr = 0, OFF64: tl.constexpr = 0):
     """(rank score with forced blocks at +inf, gated w) of the (o_i, o_j) pairs of one (batch, head); the
     D-long dot products in DK-wide slices (float32 operand tiles stay small: no spills). SPLIT = 1: the dots
     as three bfloat16 dots (_dot_bf16x3) instead of tl.dot at PREC."""
     o_k = tl.arange(0, DK)
     m_i = o_i < N
     m_j = o_j < N
-    # one int64 base per (batch, head), int32 offsets (N * D < 2^31): half the registers of int64 offset tiles
-    h_off = (i_bh * N).to(tl.int64) * D
-    QBAR += h_off
-    KBAR += h_off
-    Q2 += h_off
-    KSIG2 += h_off
-    p_r = o_i[:, None] * D + o_k[None, :]
-    p_c = o_j[:, None] * D + o_k[None, :]
+    if OFF64:  # int64 offset tiles from the tensors' start
+        p_r = (i_bh * N + o_i)[:, None].to(tl.int64) * D + o_k[None, :]
+        p_c = (i_bh * N + o_j)[:, None].to(tl.int64) * D + o_k[None, :]
+    else:  # one int64 base per (batch, head), int32 offsets (N * D < 2^31)
+        h_off = (i_bh * N).to(tl.int64) * D
+        QBAR += h_off
+        KBAR += h_off
+        Q2 += h_off
+        KSIG2 += h_off
+        p_r = o_i[:, None] * D + o_k[None, :]
+        p_c = o_j[:, None] * D + o_k[None, :]
     b_s = tl.zeros([o_i.shape[0], o_j.shape[0]], dtype=tl.float32)
     b_w = tl.zeros([o_i.shape[0], o_j.shape[0]], dtype=tl.float32)
     for d0 in range(0, D, DK):
@@ -141,7 +144,7 @@ def _scores_kernel(
     QBAR, KBAR, Q2, KSIG2, HNORM, SCORE, VBIAS, HPART, HBAR, HBAR_LP,
     N, NPART, HC, H0, HSUB, band, n_sink, scale, half_s2, ln_b, inv_n,
     D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, PWT: tl.constexpr, COV: tl.constexpr,
-    FINAL_H: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr,
+    FINAL_H: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr, OFF64: tl.constexpr = 0,
 ):
     # heads H0 .. H0 + HSUB of every batch element; the scores are those of this sub-chunk only
     i_m, i_n, i_loc = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -149,9 +152,12 @@ def _scores_kernel(
     o_i = i_m * BM + tl.arange(0, BM)
     o_j = i_n * BN + tl.arange(0, BN)
     b_s, b_vb = _score_tile(QBAR, KBAR, Q2, KSIG2, HNORM, i_bh, o_i, o_j, N, band, n_sink, scale, half_s2,
-                            ln_b, D=D, DK=DK, PWT=PWT, COV=COV, PREC=PREC, SPLIT=SPLIT)
+                            ln_b, D=D, DK=DK, PWT=PWT, COV=COV, PREC=PREC, SPLIT=SPLIT, OFF64=OFF64)
     m_ij = (o_i < N)[:, None] & (o_j < N)[None, :]
-    o_ij = o_i[:, None] * N + o_j[None, :]  # int32: N^2 < 2^31
+    if OFF64:
+        o_ij = o_i[:, None].to(tl.int64) * N + o_j[None, :]
+    else:
+        o_ij = o_i[:, None] * N + o_j[None, :]  # int32: N^2 < 2^31
     tl.store(SCORE + i_loc.to(tl.int64) * N * N + o_ij, b_s, mask=m_ij)
     tl.store(VBIAS + i_bh.to(tl.int64) * N * N + o_ij, b_vb.to(VBIAS.dtype.element_ty), mask=m_ij)
     if FINAL_H:
@@ -228,7 +234,7 @@ def _select(score, idx, vbias, n, kmax, HC, h0, hs, k, common, programs):
         na, nb, rows, warps = ks.pieces_shape(n)
         ks._select_pieces_kernel[(triton.cdiv(n, rows), programs)](
             score, idx, vbias, n, kmax, HC, h0, hs, k, *common,
-            NA=na, NB=nb, ROWS=rows, KP2=kp2, BITS=ks.SELECT_BITS, BRACKET=int(ks.SELECT_BRACKET), num_warps=warps,
+            NA=na, NB=nb, ROWS=rows, KP2=kp2, BITS=ks.SELECT_BITS, num_warps=warps,
             **({"maxnreg": ks.SELECT_MAXNREG} if ks.SELECT_MAXNREG and not _INTERPRET else {}),
         )
     else:
@@ -287,6 +293,9 @@ SCORE_WARPS = 4
 SCORE_BM = 64
 SCORE_BN = 64
 SCORE_STAGES = 1
+# int64 offset tiles (True) or int32 offsets from one int64 base per head (False: 0 spills instead of 352 bytes
+# with 3xTF32, sm_90a); H200 (session 13): 3xTF32 at Wan2.1-14B 720p 0.68 ms with int64 tiles, 0.82 with int32
+SCORE_OFF64 = False
 # a register cap for the scores kernel (None: ptxas's choice, 255 at 4 warps: two programs per SM)
 SCORE_MAXNREG = None
 # the scores' dot products: "tf32x3" (float32-accurate; "ieee" under the interpreter), "bf16x3" (three bfloat16
@@ -357,7 +366,8 @@ def route(st, cfg: SparseConfig, dtype: torch.dtype, *, score_bytes: int = 256 *
                 *stat_args, score, vbias, *hargs, n, npart, HC, h0, hs, *common, scale, 0.5 * scale * scale,
                 math.log(cfg.block_size), 1.0 / n, D=D, BM=SCORE_BM, BN=SCORE_BN, DK=min(SCORE_DK, D), PWT=pwt,
                 COV=cov, FINAL_H=final_h, PREC=_PREC if prec != "tf32" else prec,
-                SPLIT=int(prec == "bf16x3"), num_warps=SCORE_WARPS, num_stages=SCORE_STAGES, **regs,
+                SPLIT=int(prec == "bf16x3"), OFF64=int(SCORE_OFF64), num_warps=SCORE_WARPS, num_stages=SCORE_STAGES,
+                **regs,
             )
             _select(score, idx, vbias, n, kmax, HC, h0, hs, k, common, B * hs)
     except OutOfResources as e:

@@ -73,7 +73,6 @@ def _select_pieces_kernel(
     SCORE, IDX, VBIAS,
     N, NSEL, HC, H0, HSUB, k_budget, band, n_sink,
     NA: tl.constexpr, NB: tl.constexpr, ROWS: tl.constexpr, KP2: tl.constexpr, BITS: tl.constexpr,
-    BRACKET: tl.constexpr = 0,
 ):
     i_r, i_loc = tl.program_id(0), tl.program_id(1)
     i_bh = (i_loc // HSUB) * HC + H0 + i_loc % HSUB
@@ -94,29 +93,8 @@ def _select_pieces_kernel(
     b_t = tl.zeros([ROWS], dtype=tl.uint32)
     b_n = tl.zeros([ROWS], dtype=tl.int32) + N  # #(key >= 0) over the real columns
     todo = tl.max((b_n != k_i).to(tl.int32), axis=0)
-    top = 31
-    if BRACKET:
-        # the bits above the highest bit where the row's largest and smallest real keys differ are common to every
-        # real key: the threshold starts as that prefix (every real key is >= it: the count stays N) and the
-        # search at that bit. Its index from the float32 exponent of the XOR (rounding can only raise it by one:
-        # still a correct start); -127 when every key is equal (no step: the prefix is the key itself)
-        m_ra = (tl.arange(0, NA) < N)[None, :]
-        k_mx = tl.max(k_a, axis=1)
-        k_mn = tl.min(tl.where(m_ra, k_a, tl.full([ROWS, NA], 0xFFFFFFFF, tl.uint32)), axis=1)
-        if NB > 0:
-            m_rb = ((NA + tl.arange(0, NB)) < N)[None, :]
-            k_mx = tl.maximum(k_mx, tl.max(k_b, axis=1))
-            k_mn = tl.minimum(k_mn, tl.min(tl.where(m_rb, k_b, tl.full([ROWS, NB], 0xFFFFFFFF, tl.uint32)),
-                                           axis=1))
-        x_f = (k_mx ^ k_mn).to(tl.float32)
-        hb = tl.minimum((x_f.to(tl.int32, bitcast=True) >> 23) - 127, 31)
-        low = (tl.full([ROWS], 2, tl.uint32) << tl.maximum(tl.minimum(hb, 30), 0).to(tl.uint32)) - 1
-        low = tl.where(hb >= 31, tl.full([ROWS], 0xFFFFFFFF, tl.uint32), low)
-        low = tl.where(hb < 0, tl.zeros([ROWS], dtype=tl.uint32), low)
-        b_t = tl.where(m_i, k_mx & (tl.full([ROWS], 0xFFFFFFFF, tl.uint32) - low), b_t)
-        top = tl.max(tl.where(m_i, hb, -1), axis=0)
     if BITS == 1:
-        bit = top
+        bit = 31
         while (bit >= 0) & (todo > 0):
             c = b_t | (tl.full([ROWS], 1, dtype=tl.uint32) << bit.to(tl.uint32))
             n1 = _count_ge(k_a, c)
@@ -128,9 +106,7 @@ def _select_pieces_kernel(
             todo = tl.max((b_n != k_i).to(tl.int32), axis=0)
             bit -= 1
     else:
-        # the lower bit of the pair: pairs (top, top - 1), ... down to bit 0 (an even top starts one bit higher,
-        # a prefix bit: the step keeps the prefix there)
-        bit = top - 1 + (top + 1) % 2
+        bit = 30  # the lower bit of the pair
         while (bit >= 0) & (todo > 0):
             one = tl.full([ROWS], 1, dtype=tl.uint32) << bit.to(tl.uint32)
             c1 = b_t | one
@@ -179,8 +155,6 @@ def _select_pieces_kernel(
 # (several rows per program below it), and whether a row may be split in two pieces
 SELECT_BITS = 1
 SELECT_PIECE_WARPS = 1
-# start each row's search below the bits its largest and smallest keys share (BRACKET)
-SELECT_BRACKET = True
 # a register cap for the one-warp select (None: ptxas's choice, 128 at a 1024 + 256 row: 16 programs per SM)
 SELECT_MAXNREG = None
 SELECT_PIECE_KEYS = 512
