@@ -16,6 +16,7 @@
 # [".carry/pisa_official"], the official PISA file, for the peers). Session 11: O and W, each carrying
 # [".carry/cs1"]. Session 12: Y twice (the one-pass statistics, kernels/triton/stats_h.py, against the two passes),
 # then Z (every GPU test, then L) and Z2 (the fixes Z found, the backward tests, E), each carrying [".carry/cs1"].
+# Session 13: A13, B13, C13 (the routing builds, zero-copy graph outputs), then L and E, each carrying [".carry/cs1"].
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
 # times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one

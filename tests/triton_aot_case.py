@@ -102,7 +102,7 @@ compile_one("select_pieces_512", select._select_pieces_kernel, sel_types,
 compile_one("scores_pwt_bf16x3", route._scores_kernel,
             {**{n: F32 for n in ("QBAR", "KBAR", "Q2", "KSIG2", "HNORM", "SCORE", "HPART", "HBAR")},
              "VBIAS": "*fp16", "HBAR_LP": BF, "scale": "fp32", "half_s2": "fp32", "ln_b": "fp32", "inv_n": "fp32"},
-            dict(D=128, BM=64, BN=64, DK=128, PWT=True, COV=False, FINAL_H=True, PREC="tf32x3", SPLIT=1), 4, 1)
+            dict(D=128, BM=64, BN=64, DK=128, PWT=True, COV=False, FINAL_H=True, PREC="tf32x3", SPLIT=1, OFF64=0), 4, 1)
 # drop's statistics with the column sums on tensor cores (stats.STATS_TC, 64 columns, pipelined block loop)
 compile_one("stats_tc_drop", stats2._qk_sums_tc_kernel,
             {"Q": BF, "K": BF, "PERM": I32, "QBAR": F32, "KBAR": F32},

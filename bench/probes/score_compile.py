@@ -18,7 +18,7 @@ for prec, split in (("tf32x3", 0), ("bf16x3", 1), ("tf32", 0)):
             for stg in (1, 3):
                 if stg > 1 and dk == 128:
                     continue
-                c = dict(D=128, BM=64, BN=64, DK=dk, PWT=True, COV=False, FINAL_H=True, PREC=prec, SPLIT=split)
+                c = dict(D=128, BM=64, BN=64, DK=dk, PWT=True, COV=False, FINAL_H=True, PREC=prec, SPLIT=split, OFF64=0)
                 try:
                     r = comp(kr._scores_kernel, TYPES, c, w, stages=stg)
                 except Exception as e:  # noqa: BLE001

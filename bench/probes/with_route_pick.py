@@ -23,4 +23,5 @@ for name, val in cands[pick].items():
     setattr(ks if name.startswith("SELECT") else kr, name, val)
 print(f"route pick: {pick} ({timed.get(pick)} ms at 720p; {timed})", flush=True)
 sys.argv = sys.argv[2:]
+sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.abspath(sys.argv[0])))  # the script's imports
 runpy.run_path(sys.argv[0], run_name="__main__")

@@ -293,10 +293,12 @@ SCORE_WARPS = 4
 SCORE_BM = 64
 SCORE_BN = 64
 SCORE_STAGES = 1
-# int64 offset tiles (True) or int32 offsets from one int64 base per head (False: 0 spills instead of 352 bytes
-# with 3xTF32, sm_90a); H200 (session 13): 3xTF32 at Wan2.1-14B 720p 0.68 ms with int64 tiles, 0.82 with int32
-SCORE_OFF64 = False
-# a register cap for the scores kernel (None: ptxas's choice, 255 at 4 warps: two programs per SM)
+# int64 offset tiles (True) or int32 offsets from one int64 base per head (False); None: per precision, as measured
+# on the H200 (session 13, the scores kernel alone at Wan2.1-14B 720p): 3xTF32 0.67 ms with int64 tiles (which
+# spill 352 bytes) against 0.81 with int32 offsets (no spills); bfloat16 x3 0.51 with int32 against 0.56
+SCORE_OFF64 = None
+# a register cap for the scores kernel (None: ptxas's choice, 253-255 at 4 warps: two programs per SM). H200 (session
+# 13, 720p): 128 doubled the 3xTF32 scores' time (1.55 vs 0.82 ms), bfloat16 x3 at D slices of 32 0.55 vs 0.51
 SCORE_MAXNREG = None
 # the scores' dot products: "tf32x3" (float32-accurate; "ieee" under the interpreter), "bf16x3" (three bfloat16
 # dots of high / low parts, ~1e-5 relative per term), "tf32" (one TF32 dot: a timing yardstick, ~5e-4).
@@ -358,6 +360,7 @@ def route(st, cfg: SparseConfig, dtype: torch.dtype, *, score_bytes: int = 256 *
                  st.hnorm if cov else dummy)
     common = (cfg.band, cfg.n_sink_blocks)
     prec = score_prec()
+    off64 = SCORE_OFF64 if SCORE_OFF64 is not None else prec == "tf32x3"
     regs = {"maxnreg": SCORE_MAXNREG} if SCORE_MAXNREG and not _INTERPRET else {}
     try:
         for h0 in range(0, HC, hsub):
@@ -366,7 +369,7 @@ def route(st, cfg: SparseConfig, dtype: torch.dtype, *, score_bytes: int = 256 *
                 *stat_args, score, vbias, *hargs, n, npart, HC, h0, hs, *common, scale, 0.5 * scale * scale,
                 math.log(cfg.block_size), 1.0 / n, D=D, BM=SCORE_BM, BN=SCORE_BN, DK=min(SCORE_DK, D), PWT=pwt,
                 COV=cov, FINAL_H=final_h, PREC=_PREC if prec != "tf32" else prec,
-                SPLIT=int(prec == "bf16x3"), OFF64=int(SCORE_OFF64), num_warps=SCORE_WARPS, num_stages=SCORE_STAGES,
+                SPLIT=int(prec == "bf16x3"), OFF64=int(off64), num_warps=SCORE_WARPS, num_stages=SCORE_STAGES,
                 **regs,
             )
             _select(score, idx, vbias, n, kmax, HC, h0, hs, k, common, B * hs)
