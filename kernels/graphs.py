@@ -347,8 +347,11 @@ class GraphCache:
                 for s, x in zip(entry.inputs, (q, k, v)):
                     s.copy_(x)
             entry.graph.replay()
-            if entry.lend and entry.base_uses is not None and zero_copy():
-                out = entry.out[...]  # a view: the storage's use count says when the caller let it go
+            # a view (the storage's use count says when the caller let it go); a copy where the caller could not
+            # use a view: an inference tensor (captured under inference_mode) for a call outside it
+            if (entry.lend and entry.base_uses is not None and zero_copy()
+                    and (torch.is_inference_mode_enabled() or not entry.out.is_inference())):
+                out = entry.out[...]
             else:
                 out = entry.out.clone()
             if entry.done is not None:

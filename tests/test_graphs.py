@@ -290,6 +290,21 @@ def test_zero_copy_never_overwrites_an_output_still_held(monkeypatch, caplog):
     torch.testing.assert_close(again, other, rtol=0, atol=0)
 
 
+def test_zero_copy_copies_an_inference_capture_for_a_call_outside_inference_mode(monkeypatch):
+    monkeypatch.setenv("PSA_CUDA_GRAPH_ZERO_COPY", "1")
+    cache = graphs.GraphCache(capture=FakeCapture())
+    q, k, v = _qkv()
+    with torch.inference_mode():  # how ComfyUI samples
+        for _ in range(2):
+            out = _cache_call(cache, "key", q, k, v, [])
+            del out
+    out = _cache_call(cache, "key", q, k, v, [])  # outside: a view of an inference tensor could not be saved
+    assert not out.is_inference() and out.data_ptr() != cache._entries["key"].out.data_ptr()
+    w = torch.ones((), requires_grad=True)
+    (out * w).sum().backward()  # autograd may save it
+    assert cache.counts["held"] == 0
+
+
 def test_zero_copy_in_place_graph_held_falls_back_to_the_copy_in_graph(monkeypatch):
     monkeypatch.setenv("PSA_CUDA_GRAPH_ZERO_COPY", "1")
     monkeypatch.setenv("PSA_CUDA_GRAPH_IN_PLACE", "4")
