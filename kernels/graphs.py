@@ -21,7 +21,8 @@ changes the captured work (`make_key`), and replays them:
 * zero copy (PSA_CUDA_GRAPH_ZERO_COPY, default on): a replay returns a view of the static output instead of a clone
   when no earlier output of that graph is still held anywhere (its storage's use count is back to what the
   capture left: a sampling loop consumes each attention output before the next call). A replay would overwrite
-  an output someone still holds, so such a call runs eagerly instead, and that graph clones from then on. The
+  an output someone still holds, so such a call runs eagerly instead, and that graph clones from then on; a graph
+  captured under inference_mode clones for calls outside it (autograd cannot save an inference tensor). The
   returned view is only as stream-safe as any output read on the stream that produced it;
 * at most PSA_CUDA_GRAPH_ENTRIES graphs (LRU); evicting one frees its graph, memory pool and buffers;
 * a capture or replay failure is logged once with its reason, the key runs eagerly from then on, and the call
