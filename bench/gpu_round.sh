@@ -453,7 +453,7 @@ A13)  # session 13, first call (carry .carry/cs1): every GPU test on session 12'
     log "pytest backward rc=$? $(tail -1 "$OUT/tests_bwd.log")"
     ;;
 B13)  # session 13, second call (carry .carry/cs1): the routing builds again (bfloat16 x3 score dots, the select's
-    # bracket and register caps, larger score tiles, session 12's route.py as bench/probes/_route_prev.py), every
+    # bracket and register caps, larger score tiles, session 12 route.py as bench/probes/_route_prev.py, in commit f791e06 only), every
     # GPU test with the new defaults, then every piece (L)
     log "route_sweep"
     timeout -k 10 200 python bench/probes/route_sweep.py > "$OUT/route_sweep.txt" 2>&1
