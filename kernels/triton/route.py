@@ -34,6 +34,7 @@ except ImportError:  # older Triton
 from ..config import SparseConfig
 from ..routing import forced_mask
 from .select import _count_ge3, _two_bits
+from .stats2 import _bf16_parts
 
 log = logging.getLogger("piecewise_sparse_attention")
 
@@ -50,10 +51,8 @@ def _dot_bf16x3(a, b, acc, EMU: tl.constexpr):
     + a_lo + O(2^-17 |a|)): each product within ~2^-16 of |a||b| relative, accumulated in float32, at half the
     tensor time and shared-memory bytes of 3xTF32; the small terms first. EMU (the interpreter, whose bfloat16
     dots are wrong): the same parts as float32, float32 dots."""
-    a_hi = a.to(tl.bfloat16)
-    a_lo = (a - a_hi.to(tl.float32)).to(tl.bfloat16)
-    b_hi = b.to(tl.bfloat16)
-    b_lo = (b - b_hi.to(tl.float32)).to(tl.bfloat16)
+    a_hi, a_lo = _bf16_parts(a)
+    b_hi, b_lo = _bf16_parts(b)
     if EMU:
         a_hi, a_lo = a_hi.to(tl.float32), a_lo.to(tl.float32)
         b_hi, b_lo = tl.trans(b_hi.to(tl.float32)), tl.trans(b_lo.to(tl.float32))

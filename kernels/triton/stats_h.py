@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from .stats import _stats_load, _stats_write
-from .stats2 import _rows
+from .stats2 import _bf16_parts, _rows
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -75,8 +75,7 @@ def _sqsum(e0, b_x, LOWP: tl.constexpr):
     acc = tl.zeros([16, b_x.shape[1]], dtype=tl.float32)
     b_x2 = b_x * b_x
     if LOWP:
-        b_hi = b_x2.to(tl.bfloat16)
-        b_lo = (b_x2 - b_hi.to(tl.float32)).to(tl.bfloat16)
+        b_hi, b_lo = _bf16_parts(b_x2)
         e0b = e0.to(tl.bfloat16)
         return _row0(tl.dot(e0b, b_lo, tl.dot(e0b, b_hi, acc)))
     else:
