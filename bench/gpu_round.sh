@@ -17,6 +17,7 @@
 # [".carry/cs1"]. Session 12: Y twice (the one-pass statistics, kernels/triton/stats_h.py, against the two passes),
 # then Z (every GPU test, then L) and Z2 (the fixes Z found, the backward tests, E), each carrying [".carry/cs1"].
 # Session 13: A13, B13, C13 (the routing builds, zero-copy graph outputs), then L and E, each carrying [".carry/cs1"].
+# Session 14: A14 (no carry; the statistics loop), then C14 (carry [".carry/cs1"]).
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
 # times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
@@ -479,6 +480,39 @@ C13)  # session 13, last call (carry .carry/cs1): the routing speed knobs (int64
     timeout $((585 - SECONDS)) python bench/probes/with_route_pick.py "$OUT/route_sweep.txt" bench/pieces.py \
         --out "$OUT/pieces_l" --morton --flux-node --ditlike --shapes wan14,wan14_720,flux > "$OUT/pieces_l.log" 2>&1
     log "pieces rc=$? $(head -1 "$OUT/pieces_l.log")"
+    ;;
+A14)  # session 14, first call (no carry): the one-pass statistics with the column sums as [16, D] tiles of equal
+    # rows (no reductions), the input-dtype k-bar / value means written after the loop, the q check read back,
+    # against session 13's kernel (then run as a copy, PROBE_AB=1: bench/results/stats_h_s14_h200.txt; the copy and
+    # that mode are gone, so this now times the two passes against the one pass), Nsight Compute on the kernel at
+    # 480p, the Triton GPU tests. A second call (A14b, removed) measured a build with two programs per block range
+    # over half the columns each at <= 128 registers: slower (bench/results/stats_h_split_s14_h200.txt).
+    log "stats_h"
+    timeout -k 10 300 python bench/probes/stats_h.py --shapes wan14,wan14_720,flux > "$OUT/stats_h_ab.txt" 2>&1
+    log "stats_h rc=$? $(grep -v RESULT "$OUT/stats_h_ab.txt" | tail -12 | cut -c1-400)"
+    log "ncu stats"
+    timeout 120 ncu --kernel-name regex:"_stats_h_kernel" --launch-skip 1 --launch-count 1 \
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+        --section SchedulerStats --section MemoryWorkloadAnalysis --section InstructionStats --csv \
+        python bench/probes/stats_ncu.py > "$OUT/ncu_stats.csv" 2> "$OUT/ncu_stats.err"
+    log "ncu stats rc=$? $(wc -l < "$OUT/ncu_stats.csv") lines"
+    run_tests route 200 tests/test_triton_gpu.py tests/test_graphs_gpu.py tests/test_nonfinite.py tests/test_api_errors.py
+    ;;
+C14)  # session 14, last call (carry .carry/cs1): the squares' sums as float32 FMAs in-warp (bench/results
+    # stats_h_s14b_h200.txt: two passes vs the one pass), every GPU test, every piece (L), then the break-even table
+    # re-measured and installed into nodes/ (zero-copy graph outputs and the faster statistics since it was taken)
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: Triton only"
+    run_tests all 230 tests/test_triton_gpu.py tests/test_graphs_gpu.py tests/test_nonfinite.py tests/test_cute_gpu.py \
+        tests/test_cute_pair_gpu.py tests/test_api_errors.py
+    log "stats_h"
+    timeout -k 10 150 python bench/probes/stats_h.py --shapes wan14,wan14_720,flux > "$OUT/stats_h.txt" 2>&1
+    log "stats_h rc=$? $(grep -v RESULT "$OUT/stats_h.txt" | grep -E "raster|sweep" | cut -c1-300)"
+    PIECES_TIMEOUT=$((430 - SECONDS)) bash "$0" L
+    log "breakeven"
+    timeout -k 5 $((560 - SECONDS)) python bench/pieces.py --out "$OUT/pieces_be" --shapes "" --breakeven \
+        --install-breakeven > "$OUT/pieces_be.log" 2>&1
+    log "breakeven rc=$?"
+    cp nodes/breakeven_h200.json "$OUT/" 2>/dev/null
     ;;
 T)  # the CuTe GPU tests with the stashed picks (after N, when N had no time left for them)
     run_tests cute 300 tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py

@@ -9,7 +9,9 @@ copied too, as CuTe does). The bound is one read of q, k and v (+ the copies' wr
 (measured first, as bench/pieces.py does). Also: both builds' outputs against each other and H-bar against float64,
 on random inputs and on keys with a large common offset (the raw K^T V minus its correction cancels there),
 then sweeps of the pipeline depth (PSA_STATS_H_STAGES), warps (8, 16) and programs per head (STATS_H_PARTS) at 480p and FLUX.1.
-Prints `RESULT {...}` last.
+Prints `RESULT {...}` last. Session 14 ran two A/Bs with temporary modes of this probe: session 14's first loop
+against session 13's kernel (bench/results/stats_h_s14_h200.txt: op0 / op1 = old / new) and that loop with two
+programs per block range (stats_h_split_s14_h200.txt: op0 / op1 = one / two programs, measured slower, removed).
 
     python bench/probes/stats_h.py [--shapes wan14,wan14_720,wan13,flux] [--no-sweep]
 """

@@ -4,10 +4,15 @@
 Every tile feeds a dot, so Triton's software pipeliner stages the q / k / v loads into shared memory (cp.async,
 STAGES deep) and nothing in the loop is a cross-warp reduction:
 
-- column sums (q-bar, k-bar, the value sum; q^2 and the centred key squares for PWT) as `e0[16, BS] x tile` on
-  tensor cores (e0: a ones row over 15 zero rows, so row 0 of the [16, D] result is the sum; the rows sit in one
-  warp), the squares as bfloat16 high and low parts; every statistic of a block goes into one [16, D] tile and
-  one store (one layout conversion), not one store each;
+- column sums of q, k and v (q-bar, k-bar, the value sums) as `ones[16, BS] x tile` on tensor cores (mma.sync,
+  M = 16): all 16 rows of the [16, D] result hold the sums, so nothing is reduced, and because q feeds a dot the
+  pipeliner stages its loads too; the squares' sums (q^2, (k - c)^2 for PWT) as float32 fused multiply-adds and
+  a sum over rows that Triton keeps inside each warp (the tiles take those dots' accumulator layout: 8 warps over
+  the columns), no tensor cores, no bfloat16 split. A block's statistics are picked by row into one [16, D] tile
+  and stored at once (one layout conversion per block). The input-dtype k-bar and value means are written after
+  the loop from the float32 k-bar and value sums, and q's finiteness is read back there from the stored q-bar /
+  q^2. Session 14: 959 -> 523 SASS instructions and 4 -> 2 CTA barriers per block, four mma.sync dots of the
+  seven gone (Nsight Compute had the tensor pipe, shared with the K^T V wgmma, as the first stall);
 - sum_j K_j^T V_j accumulated in a [D, D] float32 register tile (wgmma), without centring: after the loop the
   program subtracts sum_j kbar_j (x) vsum_j (MATH.md: sum_j H_j = K^T V - sum_j n_j kbar_j (x) V-hat_j / n_j,
   exact) with 3xTF32 dots over its blocks' float32 k-bar and value sums (the value sums wait in the program's own
@@ -20,10 +25,10 @@ STAGES deep) and nothing in the loop is a cross-warp reduction:
 
 Rows past T repeat row T - 1 (no masks to carry through the pipeline): the short last block is done again
 exactly after the loop and its padding rows' share of K^T V taken back. Non-finite inputs: a block whose keys or
-values are not all finite contributes no H_j, and an inf stays inf in its own column (MATH.md); the fast sums
-cannot promise either (a zero row of e0 times inf is NaN), so a program whose partial or q sums come out
-non-finite redoes its blocks with masked loads and plain reductions (`_exact_blocks`), which never runs on finite
-data. With GATHER (Morton) the tiles are also written to QG / KG / VG at their block-order rows.
+values are not all finite contributes no H_j, and an inf stays inf in its own column (MATH.md); the fast path
+cannot promise the first (one inf key poisons the whole K^T V partial), so a program whose partial or q sums come
+out non-finite redoes its blocks with masked loads and plain reductions (`_exact_blocks`), which never runs on
+finite data. With GATHER (Morton) the tiles are also written to QG / KG / VG at their block-order rows.
 
 Replaces stats._block_stats_kernel + stats._hsum_kernel (K and V read twice) where H is needed; drop keeps
 stats2's column sums (no values, no H), float32 inputs keep the two passes.
@@ -37,7 +42,7 @@ import triton
 import triton.language as tl
 
 from .stats import _stats_load, _stats_write
-from .stats2 import _bf16_parts, _rows
+from .stats2 import _rows
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -52,34 +57,22 @@ def _dot32(a, b, acc, PREC: tl.constexpr):
 
 
 @triton.jit
-def _row0(acc):
-    """[16, D] dot result whose rows 1..15 are zero -> its row 0 as [D] (the rows sit inside one warp)."""
-    return tl.sum(acc, axis=0)
+def _colsum(ones, b_x, LOWP: tl.constexpr):
+    """[16, D] = ones[16, BS] x b_x[BS, D]: every row holds the column sums of b_x (tensor cores, mma.sync: M = 16;
+    input-dtype operands: exact products, float32 accumulation), float32 under the interpreter."""
+    acc = tl.zeros([16, b_x.shape[1]], dtype=tl.float32)
+    if LOWP:
+        return tl.dot(ones.to(b_x.dtype), b_x, acc)
+    else:
+        return tl.dot(ones, b_x.to(tl.float32), acc, input_precision="ieee")
 
 
 @triton.jit
-def _colsum(e0, b_x, LOWP: tl.constexpr):
-    """[D] column sums of b_x [BS, D] (e0: [16, BS] float32, ones in row 0) on tensor cores: input-dtype operands
-    (exact products, float32 accumulation), float32 under the interpreter."""
-    acc = tl.zeros([16, b_x.shape[1]], dtype=tl.float32)
-    if LOWP:
-        return _row0(tl.dot(e0.to(b_x.dtype), b_x, acc))
-    else:
-        return _row0(tl.dot(e0, b_x.to(tl.float32), acc, input_precision="ieee"))
-
-
-@triton.jit
-def _sqsum(e0, b_x, LOWP: tl.constexpr):
-    """[D] column sums of b_x^2 (b_x float32): the squares split into bfloat16 high and low
-    parts, two exact-product dots (relative error ~2^-16 per square), float32 under the interpreter."""
-    acc = tl.zeros([16, b_x.shape[1]], dtype=tl.float32)
-    b_x2 = b_x * b_x
-    if LOWP:
-        b_hi, b_lo = _bf16_parts(b_x2)
-        e0b = e0.to(tl.bfloat16)
-        return _row0(tl.dot(e0b, b_lo, tl.dot(e0b, b_hi, acc)))
-    else:
-        return _row0(tl.dot(e0, b_x2, acc, input_precision="ieee"))
+def _sqsum_rows(b_x, D: tl.constexpr):
+    """[16, D], every row the column sums of b_x^2 (b_x float32 [BS, D]): fused multiply-adds in float32 (each
+    square exact inside its FMA), no tensor cores. Triton gives the tile the column-sum dots' accumulator layout (8
+    warps over the columns), so the sum over rows stays inside each warp: no shared memory, no barrier."""
+    return tl.sum(b_x * b_x, axis=0)[None, :] + tl.zeros([16, D], dtype=tl.float32)
 
 
 @triton.jit
@@ -88,7 +81,7 @@ def _exact_blocks(Q, K, V, PERM, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, p_vs,
                   HAS_PERM: tl.constexpr, LOWP: tl.constexpr):
     """The rare path of a program whose fast sums came out non-finite (a non-finite input, or a float32 overflow):
     blocks j0 .. j1 again with masked loads and plain reductions (stats._stats_write: an inf stays inf in its
-    own column, where the fast path's zero rows of e0 would have made it NaN), then sum_j H_j = (K_j -
+    own column), then sum_j H_j = (K_j -
     kbar_j)^T V_j over the blocks whose k-bar and value sum are finite (bfloat16 operands: float16's range could
     not hold centred keys; float32 under the interpreter). Returns that [D, D] sum."""
     o_m = tl.arange(0, BS)
@@ -131,31 +124,48 @@ def _stats_h_kernel(
     [D, D] slot of HPART until the partial overwrites them."""
     i_g, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh = i_b * HC + i_h
-    o_m = tl.arange(0, BS)
-    o_d = tl.arange(0, D)
-    o_e = tl.arange(0, 16)
-    NR32: tl.constexpr = 5 if NEED_PWT else 3  # rows of the [16, D] statistics tile stored (row 2: value sums)
     QBAR, KBAR = ST32, ST32 + SROW
     Q2, KSIG2 = ST32 + 2 * SROW, ST32 + 3 * SROW  # (PWT only)
     KBAR_LP, VMEAN_LP = LP, LP + SROW
     p_q = Q + i_b * sq_b + i_h * sq_h
     p_k = K + i_b * sk_b + i_h * sk_h
     p_v = V + i_b * sv_b + i_h * sv_h
-    o_g = i_b * sg_b + i_h * sg_h
     j0 = i_g * G
     j1 = tl.minimum(j0 + G, N)
     p_hs = HPART + (i_bh * NPART + i_g).to(tl.int64) * D * D  # this program's [D, D] partial
     p_vs = p_hs - j0 * D  # block j's value sums at p_vs + j D until the partial is stored
+    o_d = tl.arange(0, D)
+    b_h = _stats_h_main(Q, K, V, PERM, ST32, QG, KG, VG, QBAR, KBAR, Q2, KSIG2, KBAR_LP, VMEAN_LP, p_q, p_k, p_v,
+                        p_vs, sq_t, sk_t, sv_t, i_b * sg_b + i_h * sg_h, sg_t, i_bh, T, N, j0, j1, SROW, o_d, D=D,
+                        BS=BS, NEED_PWT=NEED_PWT, HAS_PERM=HAS_PERM, GATHER=GATHER, GATHER_Q=GATHER_Q, LOWP=LOWP,
+                        PREC=PREC, STAGES=STAGES)
+    if tl.sum(tl.sum(b_h * 0.0, axis=1), axis=0) != 0.0:
+        b_h = _exact_blocks(Q, K, V, PERM, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, p_vs, p_q, p_k, p_v, sq_t,
+                            sk_t, sv_t, i_bh, T, N, j0, j1, D=D, BS=BS, NEED_PWT=NEED_PWT, HAS_PERM=HAS_PERM,
+                            LOWP=LOWP)
+    tl.debug_barrier()  # every thread has read the value sums the partial now overwrites
+    tl.store(p_hs + o_d[:, None] * D + o_d[None, :], b_h)
+
+
+@triton.jit
+def _stats_h_main(Q, K, V, PERM, ST32, QG, KG, VG, QBAR, KBAR, Q2, KSIG2, KBAR_LP, VMEAN_LP, p_q, p_k, p_v, p_vs,
+                  sq_t, sk_t, sv_t, o_g, sg_t, i_bh, T, N, j0, j1, SROW, o_d, D: tl.constexpr, BS: tl.constexpr,
+                  NEED_PWT: tl.constexpr, HAS_PERM: tl.constexpr, GATHER: tl.constexpr, GATHER_Q: tl.constexpr,
+                  LOWP: tl.constexpr, PREC: tl.constexpr, STAGES: tl.constexpr):
+    """The fast path of one program: its blocks' statistics and value sums, and sum_j H_j over them, returned;
+    NaN / inf there (a non-finite k, v or q sum poisons it) sends the program to the exact path."""
+    o_m = tl.arange(0, BS)
+    o_e = tl.arange(0, 16)
+    NR32: tl.constexpr = 5 if NEED_PWT else 3  # rows of the [16, D] statistics tile stored (row 2: value sums)
     if NEED_PWT:
         # sigma^2's centre: the program's first key row (0 where it is not finite)
         r0 = _rows(PERM, j0 * BS + o_d * 0, o_d >= 0, HAS_PERM=HAS_PERM)
         b_c = tl.load(p_k + r0 * sk_t + o_d).to(tl.float32)  # [D]
         b_c = tl.where(b_c * 0.0 == 0.0, b_c, 0.0)
-    e0 = tl.where(o_e[:, None] == 0, 1.0, 0.0) + tl.zeros([16, BS], dtype=tl.float32)  # [16, BS], row 0 ones
-    o_row = (o_e - (o_e > 2).to(tl.int32))[:, None].to(tl.int64) * SROW  # [16, 1]: tile row -> ST32 row
-    o_lrow = o_e[:, None].to(tl.int64) * SROW
+    ones = tl.full([16, BS], 1.0, tl.float32)
+    # [16, D] statistics tile, row e -> ST32 row e (e 2: the value sums, to the partial slot; 3, 4 -> rows 2, 3)
+    o_row = (o_e - (o_e > 2).to(tl.int32))[:, None].to(tl.int64) * SROW  # [16, 1]
     b_h = tl.zeros([D, D], dtype=tl.float32)
-    b_qbad = tl.zeros([D], dtype=tl.float32)  # NaN once a q sum is not finite (b_h tells for k and v)
     for j in tl.range(j0, j1, num_stages=STAGES):
         o_t = j * BS + o_m
         # rows past T repeat row T - 1 (no masks to carry through the pipeline): the short last block is done
@@ -175,37 +185,42 @@ def _stats_h_kernel(
             b_h = tl.dot(tl.trans(b_k), b_v, b_h)  # [D, BS] x [BS, D], exact products
         else:
             b_h = tl.dot(tl.trans(b_k.to(tl.float32)), b_v.to(tl.float32), b_h, input_precision="ieee")
-        cnt = tl.minimum(T - j * BS, BS).to(tl.float32)
-        b_qs = _colsum(e0, b_q, LOWP=LOWP)  # [D]
-        b_kbar = _colsum(e0, b_k, LOWP=LOWP) / cnt
-        b_vs = _colsum(e0, b_v, LOWP=LOWP)
-        b_qbad += b_qs * 0.0
-        # every statistic of the block in one [16, D] tile (row r -> output row r): one store, not one each
-        b_o = tl.where(o_e[:, None] == 0, (b_qs / cnt)[None, :],
-                       tl.where(o_e[:, None] == 1, b_kbar[None, :], b_vs[None, :]))
+        # full blocks here (the short last one is redone below): 1 / 64 is exact, as a division would be
+        rcnt = 1.0 / tl.minimum(T - j * BS, BS).to(tl.float32)
+        # every statistic as a [16, D] tile whose 16 rows are equal (no reductions), the block's statistics
+        # selected by row into one tile and one store
+        s_q = _colsum(ones, b_q, LOWP=LOWP)
+        s_k = _colsum(ones, b_k, LOWP=LOWP)
+        s_v = _colsum(ones, b_v, LOWP=LOWP)
         if NEED_PWT:
-            b_q2 = _sqsum(e0, b_q.to(tl.float32), LOWP=LOWP)
-            b_qbad += b_q2 * 0.0
-            b_dc = b_kbar - b_c
-            b_sig2 = _sqsum(e0, b_k.to(tl.float32) - b_c[None, :], LOWP=LOWP) / cnt - b_dc * b_dc
-            b_sig2 = tl.where(b_sig2 < 0.0, 0.0, b_sig2)  # rounding below 0 -> 0; NaN stays
-            b_o = tl.where(o_e[:, None] == 3, (b_q2 / cnt)[None, :],
-                           tl.where(o_e[:, None] == 4, b_sig2[None, :], b_o))
+            s_q2 = _sqsum_rows(b_q.to(tl.float32), D)
+            s_kc2 = _sqsum_rows(b_k.to(tl.float32) - b_c[None, :], D)
+        s_k = s_k * rcnt
+        b_o = tl.where(o_e[:, None] == 0, s_q * rcnt, tl.where(o_e[:, None] == 1, s_k, s_v))
+        if NEED_PWT:
+            b_dc = s_k - b_c[None, :]
+            s_sig2 = s_kc2 * rcnt - b_dc * b_dc
+            s_sig2 = tl.where(s_sig2 < 0.0, 0.0, s_sig2)  # rounding below 0 -> 0; NaN stays
+            b_o = tl.where(o_e[:, None] == 3, s_q2 * rcnt, tl.where(o_e[:, None] == 4, s_sig2, b_o))
         o_s = (i_bh * N + j) * D + o_d[None, :]
         p_o = tl.where(o_e[:, None] == 2, p_vs + j * D + o_d[None, :], ST32 + o_row + o_s)
         tl.store(p_o, b_o, mask=o_e[:, None] < NR32)
-        b_lp = tl.where(o_e[:, None] == 0, b_kbar[None, :], (b_vs / cnt)[None, :])
-        tl.store(LP + o_lrow + o_s, b_lp.to(LP.dtype.element_ty), mask=o_e[:, None] < 2)
     if j1 * BS > T:  # the short last block again, with masked loads (zeros past T)
         tl.debug_barrier()  # after the loop's stores of the same block
         b_q, b_k, b_v = _stats_load(p_q, p_k, p_v, PERM, sq_t, sk_t, sv_t, T, N - 1, True, o_d, BS=BS,
-                                    NEED_V=True, HAS_PERM=HAS_PERM)
+                                    NEED_V=False, HAS_PERM=HAS_PERM)
         _stats_write(b_q, b_k, b_v, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, KBAR, Q, K, V, 0, 0, T, N, N - 1,
-                     i_bh, 0, o_d, D=D, NSPLIT=1, BS=BS, NEED_PWT=NEED_PWT, NEED_V=True, NEED_FIN=False,
+                     i_bh, 0, o_d, D=D, NSPLIT=1, BS=BS, NEED_PWT=NEED_PWT, NEED_V=False, NEED_FIN=False,
                      GATHER=False, GATHER_Q=False)
+        o_t = (N - 1) * BS + o_m
+        m_t = o_t < T
+        o_r = _rows(PERM, o_t, m_t, HAS_PERM=HAS_PERM)
+        b_v = tl.load(p_v + o_r[:, None] * sv_t + o_d[None, :], mask=m_t[:, None], other=0.0)
         tl.store(p_vs + (N - 1) * D + o_d, tl.sum(b_v.to(tl.float32), axis=0))
-    # this program's k-bar and value sums, written above by other threads, are read back below
+    # this program's k-bar and value sums, written above by other threads, are read back below: sum_j kbar_j (x)
+    # vsum_j comes off the raw sum, the input-dtype k-bar and value means are written, q's sums are checked
     tl.debug_barrier()
+    b_qbad = tl.zeros([16, D], dtype=tl.float32)
     for c0 in tl.range(j0, j1, 16, num_stages=1):
         o_c = c0 + o_e
         m_c = (o_c < j1)[:, None]
@@ -213,6 +228,12 @@ def _stats_h_kernel(
         b_kb = tl.load(KBAR + p_c, mask=m_c, other=0.0)  # [16, D]
         b_vs = tl.load(p_vs + o_c[:, None] * D + o_d[None, :], mask=m_c, other=0.0)
         b_h = _dot32(tl.trans(-b_kb), b_vs, b_h, PREC=PREC)  # - sum_j kbar_j (x) vsum_j
+        b_qbad += tl.load(QBAR + p_c, mask=m_c, other=0.0) * 0.0  # NaN once a q sum is not finite
+        if NEED_PWT:
+            b_qbad += tl.load(Q2 + p_c, mask=m_c, other=0.0) * 0.0
+        cnt_c = tl.minimum(T - o_c * BS, BS).to(tl.float32)[:, None]
+        tl.store(KBAR_LP + p_c, b_kb.to(KBAR_LP.dtype.element_ty), mask=m_c)
+        tl.store(VMEAN_LP + p_c, (b_vs / cnt_c).to(VMEAN_LP.dtype.element_ty), mask=m_c)
     n_pad = j1 * BS - T
     if n_pad > 0:  # the padding rows of the last block repeated row T - 1: take their k^T v back
         r_l = _rows(PERM, (T - 1) + o_e * 0, o_e >= 0, HAS_PERM=HAS_PERM)
@@ -220,18 +241,16 @@ def _stats_h_kernel(
         b_kl = tl.load(p_k + r_l[:, None] * sk_t + o_d[None, :], mask=m_l, other=0.0).to(tl.float32)
         b_vl = tl.load(p_v + r_l[:, None] * sv_t + o_d[None, :], mask=m_l, other=0.0).to(tl.float32)
         b_h = _dot32(tl.trans(b_kl * (-n_pad).to(tl.float32)), b_vl, b_h, PREC=PREC)
-    if tl.sum(tl.sum(b_h * 0.0, axis=1), axis=0) + tl.sum(b_qbad, axis=0) != 0.0:
-        b_h = _exact_blocks(Q, K, V, PERM, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, p_vs, p_q, p_k, p_v, sq_t,
-                            sk_t, sv_t, i_bh, T, N, j0, j1, D=D, BS=BS, NEED_PWT=NEED_PWT, HAS_PERM=HAS_PERM,
-                            LOWP=LOWP)
-    tl.debug_barrier()  # every thread has read the value sums the partial now overwrites
-    tl.store(p_hs + o_d[:, None] * D + o_d[None, :], b_h)
+    # a non-finite q sum poisons the returned sum too, so that the program takes the exact path
+    return b_h + tl.sum(tl.sum(b_qbad, axis=1), axis=0)
 
 
 # knobs (PSA_STATS_H_* override them for a bench process). H200, bench/probes/stats_h.py, session 12, graph replays,
 # pwt bf16 Wan2.1-14B 480p raster / the Triton Morton gather, FLUX.1 1024^2 raster (ms): 8 warps 0.401 / 0.661,
-# 0.043; 16 warps 0.433 / 0.650, 0.046; 2 / 3 / 4 stages 0.525 / 0.402 / 0.397 and 0.055 / 0.043 / 0.043. 226
-# registers at 8 warps (sm_90a, no spills: bench/probes/stats2_compile.py fused), so one program per SM: the
+# 0.043; 16 warps 0.433 / 0.650, 0.046; 2 / 3 / 4 stages 0.525 / 0.402 / 0.397 and 0.055 / 0.043 / 0.043 (session 14's
+# loop, stats_h_s14_h200.txt: 8 warps 0.358 / 0.608, 0.039; 16 warps 0.400 / 0.627, 0.043; 2 / 3 / 4 stages 0.490 /
+# 0.357 / 0.358). 226 registers at 8 warps then, 255 now (sm_90a, no spills: bench/probes/stats2_compile.py
+# fused), so one program per SM: the
 # programs-per-head choice below counts n_sm slots (its picks, 13 at 480p and 5 at FLUX.1, were the fastest P swept)
 STATS_H_WARPS = int(os.environ.get("PSA_STATS_H_WARPS", "8") or 8)
 STATS_H_STAGES = int(os.environ.get("PSA_STATS_H_STAGES", "3") or 3)
