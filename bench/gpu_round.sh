@@ -17,7 +17,7 @@
 # [".carry/cs1"]. Session 12: Y twice (the one-pass statistics, kernels/triton/stats_h.py, against the two passes),
 # then Z (every GPU test, then L) and Z2 (the fixes Z found, the backward tests, E), each carrying [".carry/cs1"].
 # Session 13: A13, B13, C13 (the routing builds, zero-copy graph outputs), then L and E, each carrying [".carry/cs1"].
-# Session 14: A14 (no carry; the statistics loop), then C14 (carry [".carry/cs1"]).
+# Session 14: A14 (no carry; the statistics loop), then C14 (carry [".carry/cs1"]); a third call got no time.
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
 # times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
@@ -498,9 +498,10 @@ A14)  # session 14, first call (no carry): the one-pass statistics with the colu
     log "ncu stats rc=$? $(wc -l < "$OUT/ncu_stats.csv") lines"
     run_tests route 200 tests/test_triton_gpu.py tests/test_graphs_gpu.py tests/test_nonfinite.py tests/test_api_errors.py
     ;;
-C14)  # session 14, last call (carry .carry/cs1): the squares' sums as float32 FMAs in-warp (bench/results
-    # stats_h_s14b_h200.txt: two passes vs the one pass), every GPU test, every piece (L), then the break-even table
-    # re-measured and installed into nodes/ (zero-copy graph outputs and the faster statistics since it was taken)
+C14)  # session 14, last call (carry .carry/cs1): a build with the squares' sums as float32 FMAs summed in-warp
+    # (measured slower: bench/results/stats_h_fma_s14_h200.txt; back to A14's loop, which then had no device time
+    # left for its own run), every GPU test, every piece (L), then the break-even table re-measured and installed
+    # into nodes/ (on the device: that table, bench/results/breakeven_fma_s14_h200.json, is not committed there)
     python -c "import cutlass.cute" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: Triton only"
     run_tests all 230 tests/test_triton_gpu.py tests/test_graphs_gpu.py tests/test_nonfinite.py tests/test_cute_gpu.py \
         tests/test_cute_pair_gpu.py tests/test_api_errors.py

@@ -4,15 +4,16 @@
 Every tile feeds a dot, so Triton's software pipeliner stages the q / k / v loads into shared memory (cp.async,
 STAGES deep) and nothing in the loop is a cross-warp reduction:
 
-- column sums of q, k and v (q-bar, k-bar, the value sums) as `ones[16, BS] x tile` on tensor cores (mma.sync,
-  M = 16): all 16 rows of the [16, D] result hold the sums, so nothing is reduced, and because q feeds a dot the
-  pipeliner stages its loads too; the squares' sums (q^2, (k - c)^2 for PWT) as float32 fused multiply-adds and
-  a sum over rows that Triton keeps inside each warp (the tiles take those dots' accumulator layout: 8 warps over
-  the columns), no tensor cores, no bfloat16 split. A block's statistics are picked by row into one [16, D] tile
-  and stored at once (one layout conversion per block). The input-dtype k-bar and value means are written after
-  the loop from the float32 k-bar and value sums, and q's finiteness is read back there from the stored q-bar /
-  q^2. Session 14: 959 -> 523 SASS instructions and 4 -> 2 CTA barriers per block, four mma.sync dots of the
-  seven gone (Nsight Compute had the tensor pipe, shared with the K^T V wgmma, as the first stall);
+- column sums (q-bar, k-bar, the value sum; q^2 and the centred key squares for PWT) as `ones[16, BS] x tile` on
+  tensor cores (mma.sync, M = 16): all 16 rows of the [16, D] result hold the sums, so nothing is reduced; the
+  squares as bfloat16 high and low parts (for bfloat16 q the high part is the bfloat16 product, one packed multiply
+  per two elements); a block's statistics are picked by row into one [16, D] tile and stored at once (one layout
+  conversion per block). The input-dtype k-bar and value means are written after the loop from the float32 k-bar
+  and value sums, and q's finiteness is read back there from the stored q-bar / q^2. Session 14 (H200): 959 -> 731
+  SASS instructions and 4 -> 2 CTA barriers per block, Wan2.1-14B 480p 0.401 -> 0.358 ms. Measured slower and not
+  kept: the squares' sums as float32 FMAs summed inside each warp (523 instructions but 0.462 ms; not profiled: q
+  and k then reach registers in the mma accumulator layout, not by ldmatrix) and two programs per block range over
+  half the columns each at <= 128 registers (two per SM; 0.409 ms: more instructions, four barriers);
 - sum_j K_j^T V_j accumulated in a [D, D] float32 register tile (wgmma), without centring: after the loop the
   program subtracts sum_j kbar_j (x) vsum_j (MATH.md: sum_j H_j = K^T V - sum_j n_j kbar_j (x) V-hat_j / n_j,
   exact) with 3xTF32 dots over its blocks' float32 k-bar and value sums (the value sums wait in the program's own
@@ -42,7 +43,7 @@ import triton
 import triton.language as tl
 
 from .stats import _stats_load, _stats_write
-from .stats2 import _rows
+from .stats2 import _bf16_parts, _rows
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -68,11 +69,25 @@ def _colsum(ones, b_x, LOWP: tl.constexpr):
 
 
 @triton.jit
-def _sqsum_rows(b_x, D: tl.constexpr):
-    """[16, D], every row the column sums of b_x^2 (b_x float32 [BS, D]): fused multiply-adds in float32 (each
-    square exact inside its FMA), no tensor cores. Triton gives the tile the column-sum dots' accumulator layout (8
-    warps over the columns), so the sum over rows stays inside each warp: no shared memory, no barrier."""
-    return tl.sum(b_x * b_x, axis=0)[None, :] + tl.zeros([16, D], dtype=tl.float32)
+def _sqsum(ones, b_x, LOWP: tl.constexpr):
+    """[16, D], every row the column sums of b_x^2 (b_x [BS, D]): the squares split into bfloat16 high and low
+    parts, two exact-product dots, float32 under the interpreter. bfloat16 b_x: hi = the bfloat16 product (one
+    packed multiply per two elements), lo = x^2 - hi, both exact (a bfloat16 square has 16 significant bits);
+    else x^2 = hi + lo + O(2^-17 x^2) (float32 products)."""
+    acc = tl.zeros([16, b_x.shape[1]], dtype=tl.float32)
+    if LOWP:
+        onesb = ones.to(tl.bfloat16)
+        if b_x.dtype == tl.bfloat16:
+            b_hi = b_x * b_x
+            b_xf = b_x.to(tl.float32)
+            b_lo = (b_xf * b_xf - b_hi.to(tl.float32)).to(tl.bfloat16)
+        else:
+            b_xf = b_x.to(tl.float32)
+            b_hi, b_lo = _bf16_parts(b_xf * b_xf)
+        return tl.dot(onesb, b_lo, tl.dot(onesb, b_hi, acc))
+    else:
+        b_xf = b_x.to(tl.float32)
+        return tl.dot(ones, b_xf * b_xf, acc, input_precision="ieee")
 
 
 @triton.jit
@@ -193,8 +208,8 @@ def _stats_h_main(Q, K, V, PERM, ST32, QG, KG, VG, QBAR, KBAR, Q2, KSIG2, KBAR_L
         s_k = _colsum(ones, b_k, LOWP=LOWP)
         s_v = _colsum(ones, b_v, LOWP=LOWP)
         if NEED_PWT:
-            s_q2 = _sqsum_rows(b_q.to(tl.float32), D)
-            s_kc2 = _sqsum_rows(b_k.to(tl.float32) - b_c[None, :], D)
+            s_q2 = _sqsum(ones, b_q, LOWP=LOWP)
+            s_kc2 = _sqsum(ones, b_k.to(tl.float32) - b_c[None, :], LOWP=LOWP)
         s_k = s_k * rcnt
         b_o = tl.where(o_e[:, None] == 0, s_q * rcnt, tl.where(o_e[:, None] == 1, s_k, s_v))
         if NEED_PWT:
