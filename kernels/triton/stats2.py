@@ -27,7 +27,8 @@ def _rows(PERM, o_t, m_t, HAS_PERM: tl.constexpr):
 @triton.jit
 def _bf16_parts(x):
     """(hi, lo) bfloat16 parts of float32 x: hi = x rounded, lo = the rest rounded, x = hi + lo + O(2^-17 |x|); the
-    products of such parts are exact in a float32 accumulator (the routing scores' dots)."""
+    products of such parts are exact in a float32 accumulator (the one-pass statistics' squares, the routing
+    scores' dots)."""
     hi = x.to(tl.bfloat16)
     return hi, (x - hi.to(tl.float32)).to(tl.bfloat16)
 
