@@ -494,7 +494,7 @@ A14)  # session 14, first call (no carry): the one-pass statistics with the colu
     timeout 120 ncu --kernel-name regex:"_stats_h_kernel" --launch-skip 1 --launch-count 1 \
         --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
         --section SchedulerStats --section MemoryWorkloadAnalysis --section InstructionStats --csv \
-        python bench/probes/stats_ncu.py > "$OUT/ncu_stats.csv" 2> "$OUT/ncu_stats.err"
+        python bench/probes/route_ncu.py --stats --T 32760 > "$OUT/ncu_stats.csv" 2> "$OUT/ncu_stats.err"
     log "ncu stats rc=$? $(wc -l < "$OUT/ncu_stats.csv") lines"
     run_tests route 200 tests/test_triton_gpu.py tests/test_graphs_gpu.py tests/test_nonfinite.py tests/test_api_errors.py
     ;;

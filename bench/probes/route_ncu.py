@@ -6,8 +6,12 @@ bf16, pwt d 0.125, statistics precomputed), route() called 1 + --calls times, so
         --section MemoryWorkloadAnalysis --csv python bench/probes/route_ncu.py
 
 profiles one scores and one select launch after their compile. PSA_SCORE_PREC picks the scores' dots.
+With --stats only the one-pass statistics run (block_stats 1 + --calls times; session 14 at 480p):
 
-    python bench/probes/route_ncu.py [--calls N] [--T T]"""
+    ncu --kernel-name regex:"_stats_h_kernel" --launch-skip 1 --launch-count 1 ... python bench/probes/route_ncu.py \
+        --stats --T 32760
+
+    python bench/probes/route_ncu.py [--calls N] [--T T] [--stats]"""
 import argparse
 import sys
 
@@ -20,13 +24,17 @@ from kernels.triton import stats as kts  # noqa: E402
 ap = argparse.ArgumentParser()
 ap.add_argument("--calls", type=int, default=1)
 ap.add_argument("--T", type=int, default=75600)
+ap.add_argument("--stats", action="store_true", help="the statistics kernel alone")
 a = ap.parse_args()
 torch.manual_seed(0)
 q, k, v = (torch.randn(1, 40, a.T, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
 cfg = SparseConfig(density=0.125, variant="pwt", band=1, n_sink_blocks=0, cov_bias=False, scale=128 ** -0.5)
 st = kts.block_stats(q, k, v, cfg)
 for _ in range(1 + a.calls):
-    st.hbar_ready = False
-    idx, vb = kts.route(st, cfg, q.dtype)
+    if a.stats:
+        st = kts.block_stats(q, k, v, cfg)
+    else:
+        st.hbar_ready = False
+        idx, vb = kts.route(st, cfg, q.dtype)
 torch.cuda.synchronize()
-print("done", int(idx.shape[-1]))
+print("done", tuple(st.kbar.shape) if a.stats else int(idx.shape[-1]))

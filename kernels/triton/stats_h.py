@@ -96,9 +96,9 @@ def _exact_blocks(Q, K, V, PERM, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, p_vs,
                   HAS_PERM: tl.constexpr, LOWP: tl.constexpr):
     """The rare path of a program whose fast sums came out non-finite (a non-finite input, or a float32 overflow):
     blocks j0 .. j1 again with masked loads and plain reductions (stats._stats_write: an inf stays inf in its
-    own column), then sum_j H_j = (K_j -
-    kbar_j)^T V_j over the blocks whose k-bar and value sum are finite (bfloat16 operands: float16's range could
-    not hold centred keys; float32 under the interpreter). Returns that [D, D] sum."""
+    own column), then sum_j H_j = (K_j - kbar_j)^T V_j over the blocks whose k-bar and value sum are finite
+    (bfloat16 operands: float16's range could not hold centred keys; float32 under the interpreter). Returns that
+    [D, D] sum."""
     o_m = tl.arange(0, BS)
     o_d = tl.arange(0, D)
     for j in tl.range(j0, j1, num_stages=1):
@@ -149,27 +149,9 @@ def _stats_h_kernel(
     j1 = tl.minimum(j0 + G, N)
     p_hs = HPART + (i_bh * NPART + i_g).to(tl.int64) * D * D  # this program's [D, D] partial
     p_vs = p_hs - j0 * D  # block j's value sums at p_vs + j D until the partial is stored
-    o_d = tl.arange(0, D)
-    b_h = _stats_h_main(Q, K, V, PERM, ST32, QG, KG, VG, QBAR, KBAR, Q2, KSIG2, KBAR_LP, VMEAN_LP, p_q, p_k, p_v,
-                        p_vs, sq_t, sk_t, sv_t, i_b * sg_b + i_h * sg_h, sg_t, i_bh, T, N, j0, j1, SROW, o_d, D=D,
-                        BS=BS, NEED_PWT=NEED_PWT, HAS_PERM=HAS_PERM, GATHER=GATHER, GATHER_Q=GATHER_Q, LOWP=LOWP,
-                        PREC=PREC, STAGES=STAGES)
-    if tl.sum(tl.sum(b_h * 0.0, axis=1), axis=0) != 0.0:
-        b_h = _exact_blocks(Q, K, V, PERM, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, p_vs, p_q, p_k, p_v, sq_t,
-                            sk_t, sv_t, i_bh, T, N, j0, j1, D=D, BS=BS, NEED_PWT=NEED_PWT, HAS_PERM=HAS_PERM,
-                            LOWP=LOWP)
-    tl.debug_barrier()  # every thread has read the value sums the partial now overwrites
-    tl.store(p_hs + o_d[:, None] * D + o_d[None, :], b_h)
-
-
-@triton.jit
-def _stats_h_main(Q, K, V, PERM, ST32, QG, KG, VG, QBAR, KBAR, Q2, KSIG2, KBAR_LP, VMEAN_LP, p_q, p_k, p_v, p_vs,
-                  sq_t, sk_t, sv_t, o_g, sg_t, i_bh, T, N, j0, j1, SROW, o_d, D: tl.constexpr, BS: tl.constexpr,
-                  NEED_PWT: tl.constexpr, HAS_PERM: tl.constexpr, GATHER: tl.constexpr, GATHER_Q: tl.constexpr,
-                  LOWP: tl.constexpr, PREC: tl.constexpr, STAGES: tl.constexpr):
-    """The fast path of one program: its blocks' statistics and value sums, and sum_j H_j over them, returned;
-    NaN / inf there (a non-finite k, v or q sum poisons it) sends the program to the exact path."""
+    o_g = i_b * sg_b + i_h * sg_h
     o_m = tl.arange(0, BS)
+    o_d = tl.arange(0, D)
     o_e = tl.arange(0, 16)
     NR32: tl.constexpr = 5 if NEED_PWT else 3  # rows of the [16, D] statistics tile stored (row 2: value sums)
     if NEED_PWT:
@@ -223,14 +205,11 @@ def _stats_h_main(Q, K, V, PERM, ST32, QG, KG, VG, QBAR, KBAR, Q2, KSIG2, KBAR_L
     if j1 * BS > T:  # the short last block again, with masked loads (zeros past T)
         tl.debug_barrier()  # after the loop's stores of the same block
         b_q, b_k, b_v = _stats_load(p_q, p_k, p_v, PERM, sq_t, sk_t, sv_t, T, N - 1, True, o_d, BS=BS,
-                                    NEED_V=False, HAS_PERM=HAS_PERM)
+                                    NEED_V=True, HAS_PERM=HAS_PERM)
+        # (its input-dtype k-bar and value mean come with the others' below)
         _stats_write(b_q, b_k, b_v, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, KBAR, Q, K, V, 0, 0, T, N, N - 1,
                      i_bh, 0, o_d, D=D, NSPLIT=1, BS=BS, NEED_PWT=NEED_PWT, NEED_V=False, NEED_FIN=False,
                      GATHER=False, GATHER_Q=False)
-        o_t = (N - 1) * BS + o_m
-        m_t = o_t < T
-        o_r = _rows(PERM, o_t, m_t, HAS_PERM=HAS_PERM)
-        b_v = tl.load(p_v + o_r[:, None] * sv_t + o_d[None, :], mask=m_t[:, None], other=0.0)
         tl.store(p_vs + (N - 1) * D + o_d, tl.sum(b_v.to(tl.float32), axis=0))
     # this program's k-bar and value sums, written above by other threads, are read back below: sum_j kbar_j (x)
     # vsum_j comes off the raw sum, the input-dtype k-bar and value means are written, q's sums are checked
@@ -256,8 +235,12 @@ def _stats_h_main(Q, K, V, PERM, ST32, QG, KG, VG, QBAR, KBAR, Q2, KSIG2, KBAR_L
         b_kl = tl.load(p_k + r_l[:, None] * sk_t + o_d[None, :], mask=m_l, other=0.0).to(tl.float32)
         b_vl = tl.load(p_v + r_l[:, None] * sv_t + o_d[None, :], mask=m_l, other=0.0).to(tl.float32)
         b_h = _dot32(tl.trans(b_kl * (-n_pad).to(tl.float32)), b_vl, b_h, PREC=PREC)
-    # a non-finite q sum poisons the returned sum too, so that the program takes the exact path
-    return b_h + tl.sum(tl.sum(b_qbad, axis=1), axis=0)
+    if tl.sum(tl.sum(b_h * 0.0, axis=1), axis=0) + tl.sum(tl.sum(b_qbad, axis=1), axis=0) != 0.0:
+        b_h = _exact_blocks(Q, K, V, PERM, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, p_vs, p_q, p_k, p_v, sq_t,
+                            sk_t, sv_t, i_bh, T, N, j0, j1, D=D, BS=BS, NEED_PWT=NEED_PWT, HAS_PERM=HAS_PERM,
+                            LOWP=LOWP)
+    tl.debug_barrier()  # every thread has read the value sums the partial now overwrites
+    tl.store(p_hs + o_d[:, None] * D + o_d[None, :], b_h)
 
 
 # knobs (PSA_STATS_H_* override them for a bench process). H200, bench/probes/stats_h.py, session 12, graph replays,
@@ -265,8 +248,7 @@ def _stats_h_main(Q, K, V, PERM, ST32, QG, KG, VG, QBAR, KBAR, Q2, KSIG2, KBAR_L
 # 0.043; 16 warps 0.433 / 0.650, 0.046; 2 / 3 / 4 stages 0.525 / 0.402 / 0.397 and 0.055 / 0.043 / 0.043 (session 14's
 # loop, stats_h_s14_h200.txt: 8 warps 0.358 / 0.608, 0.039; 16 warps 0.400 / 0.627, 0.043; 2 / 3 / 4 stages 0.490 /
 # 0.357 / 0.358). 226 registers at 8 warps then, 255 now (sm_90a, no spills: bench/probes/stats2_compile.py
-# fused), so one program per SM: the
-# programs-per-head choice below counts n_sm slots (its picks, 13 at 480p and 5 at FLUX.1, were the fastest P swept)
+# fused), so one program per SM: the programs-per-head choice below counts n_sm slots (its picks, 13 at 480p and 5 at FLUX.1, were the fastest P swept)
 STATS_H_WARPS = int(os.environ.get("PSA_STATS_H_WARPS", "8") or 8)
 STATS_H_STAGES = int(os.environ.get("PSA_STATS_H_STAGES", "3") or 3)
 STATS_H_CTAS_PER_SM = int(os.environ.get("PSA_STATS_H_CTAS_PER_SM", "1") or 1)
