@@ -18,6 +18,7 @@
 # then Z (every GPU test, then L) and Z2 (the fixes Z found, the backward tests, E), each carrying [".carry/cs1"].
 # Session 13: A13, B13, C13 (the routing builds, zero-copy graph outputs), then L and E, each carrying [".carry/cs1"].
 # Session 14: A14 (no carry; the statistics loop), then C14 (carry [".carry/cs1"]); a third call got no time.
+# Session 15: A15 (carry [".carry/cs1"]: every GPU test on session 14's final commit, the statistics, L).
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
 # times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
@@ -514,6 +515,17 @@ C14)  # session 14, last call (carry .carry/cs1): a build with the squares' sums
         --install-breakeven > "$OUT/pieces_be.log" 2>&1
     log "breakeven rc=$?"
     cp nodes/breakeven_h200.json "$OUT/" 2>/dev/null
+    ;;
+A15)  # session 15, first call (carry .carry/cs1): every GPU test on session 14's final commit (fa576fa: its statistics
+    # kernel had not run on a GPU), the statistics alone, then every piece (L)
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: Triton only"
+    run_tests all 240 tests/test_triton_gpu.py tests/test_graphs_gpu.py tests/test_nonfinite.py tests/test_cute_gpu.py \
+        tests/test_cute_pair_gpu.py tests/test_api_errors.py
+    log "stats_h"
+    timeout -k 10 120 python bench/probes/stats_h.py --shapes wan14,wan14_720,flux > "$OUT/stats_h.txt" 2>&1
+    log "stats_h rc=$? $(grep -v RESULT "$OUT/stats_h.txt" | grep -E "raster|sweep" | cut -c1-300)"
+    PIECES_TIMEOUT=$((585 - SECONDS)) bash "$0" L
+    exit $?
     ;;
 T)  # the CuTe GPU tests with the stashed picks (after N, when N had no time left for them)
     run_tests cute 300 tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
