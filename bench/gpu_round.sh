@@ -507,7 +507,7 @@ C14)  # session 14, last call (carry .carry/cs1): a build with the squares' sums
     run_tests all 230 tests/test_triton_gpu.py tests/test_graphs_gpu.py tests/test_nonfinite.py tests/test_cute_gpu.py \
         tests/test_cute_pair_gpu.py tests/test_api_errors.py
     log "stats_h"
-    timeout -k 10 150 python bench/probes/stats_h.py --shapes wan14,wan14_720,flux --no-sweep > "$OUT/stats_h.txt" 2>&1
+    timeout -k 10 150 python bench/probes/stats_h.py --shapes wan14,wan14_720,flux > "$OUT/stats_h.txt" 2>&1
     log "stats_h rc=$? $(grep -v RESULT "$OUT/stats_h.txt" | grep -E "raster|sweep" | cut -c1-300)"
     PIECES_TIMEOUT=$((430 - SECONDS)) bash "$0" L
     log "breakeven"
