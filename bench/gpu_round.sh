@@ -18,7 +18,8 @@
 # then Z (every GPU test, then L) and Z2 (the fixes Z found, the backward tests, E), each carrying [".carry/cs1"].
 # Session 13: A13, B13, C13 (the routing builds, zero-copy graph outputs), then L and E, each carrying [".carry/cs1"].
 # Session 14: A14 (no carry; the statistics loop), then C14 (carry [".carry/cs1"]); a third call got no time.
-# Session 15: A15 (carry [".carry/cs1"]: every GPU test on session 14's final commit, the statistics, L).
+# Session 15: A15 (carry [".carry/cs1"]: every GPU test on session 14's final commit, the statistics, L), B15 (the
+# same carry: three builds behind switches).
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
 # times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
@@ -526,6 +527,27 @@ A15)  # session 15, first call (carry .carry/cs1): every GPU test on session 14'
     log "stats_h rc=$? $(grep -v RESULT "$OUT/stats_h.txt" | grep -E "raster|sweep" | cut -c1-300)"
     PIECES_TIMEOUT=$((585 - SECONDS)) bash "$0" L
     exit $?
+    ;;
+B15)  # session 15, second call (carry .carry/cs1): three builds behind switches, each against the default in one
+    # process: the statistics' column sums as [D, 16] warpgroup-MMA tiles (PSA_STATS_H_COLT), the Triton and the CuTe
+    # virtual tiles with log2 of the token counts folded into the bias (PSA_TRITON_VT_FOLD, PSA_CUTE_VT_FOLD); then
+    # every GPU test with all three on
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: Triton only"
+    log "stats_h COLT"
+    PROBE_SWITCH=PSA_STATS_H_COLT timeout -k 10 120 python bench/probes/stats_h.py --shapes wan14,wan14_720,flux \
+        --no-sweep > "$OUT/stats_h_colt.txt" 2>&1
+    log "stats_h COLT rc=$? $(grep -v RESULT "$OUT/stats_h_colt.txt" | grep -E "raster" | cut -c1-200)"
+    log "switch_ab PSA_TRITON_VT_FOLD"
+    PROBE_BACKENDS=triton timeout -k 10 150 python bench/probes/switch_ab.py PSA_TRITON_VT_FOLD \
+        > "$OUT/switch_triton_vt_fold.txt" 2>&1
+    log "switch_triton_vt_fold rc=$? $(tail -1 "$OUT/switch_triton_vt_fold.txt" | cut -c1-1500)"
+    log "switch_ab PSA_CUTE_VT_FOLD"
+    PROBE_BACKENDS=cute timeout -k 10 150 python bench/probes/switch_ab.py PSA_CUTE_VT_FOLD \
+        > "$OUT/switch_cute_vt_fold.txt" 2>&1
+    log "switch_cute_vt_fold rc=$? $(tail -1 "$OUT/switch_cute_vt_fold.txt" | cut -c1-1500)"
+    PSA_STATS_H_COLT=1 PSA_TRITON_VT_FOLD=1 PSA_CUTE_VT_FOLD=1 run_tests all3 $((585 - SECONDS)) \
+        tests/test_triton_gpu.py tests/test_graphs_gpu.py tests/test_nonfinite.py tests/test_cute_gpu.py \
+        tests/test_cute_pair_gpu.py tests/test_api_errors.py
     ;;
 T)  # the CuTe GPU tests with the stashed picks (after N, when N had no time left for them)
     run_tests cute 300 tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py

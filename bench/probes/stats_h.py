@@ -32,6 +32,9 @@ from kernels.triton import stats as kts  # noqa: E402
 from kernels.triton import stats_h  # noqa: E402
 
 ROUNDS = int(os.environ.get("PROBE_ROUNDS", "3"))
+# op0 / op1 = this variable at 0 / 1 (default PSA_STATS_H: the two passes / the one pass; session 15:
+# PSA_STATS_H_COLT, the one pass's column sums as [D, 16] warpgroup-MMA tiles)
+SWITCH = os.environ.get("PROBE_SWITCH", "PSA_STATS_H")
 SHAPES = {"wan14": (40, (21, 30, 52)), "wan14_720": (40, (21, 45, 80)), "wan13": (12, (21, 30, 52)),
           "flux": (24, (64, 64))}
 arg = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--shapes=")), None)
@@ -99,7 +102,7 @@ for name in names:
         outs = {}
         for r in range(ROUNDS):
             for op in ("0", "1"):
-                os.environ["PSA_STATS_H"] = op
+                os.environ[SWITCH] = op
                 if r == 0:
                     outs[op] = outputs(call())
                 d[f"{layout}_op{op}_r{r}_ms"] = replay_ms(call)
@@ -116,7 +119,7 @@ for name in names:
     for tag, kk in (("random", k), ("offset4", k + 4.0)):
         ref = ref_stats(q.double(), kk.double(), v.double(), 64)
         for op in ("0", "1"):
-            os.environ["PSA_STATS_H"] = op
+            os.environ[SWITCH] = op
             st = kts.block_stats(q, kk, v, cfg)
             kts.finalize_hbar(st, st.kbar.shape[-2], torch.bfloat16)
             d[f"hbar_rel_{tag}_op{op}"] = float((st.hbar.double() - ref.hbar).norm() / ref.hbar.norm())
@@ -154,5 +157,5 @@ for name in names:
                               if kk.startswith("sweep") or kk == "auto_parts"}, flush=True)
     del xs, node, raster, copies, q, k, v
     torch.cuda.empty_cache()
-os.environ.pop("PSA_STATS_H", None)
+os.environ.pop(SWITCH, None)
 print("RESULT " + json.dumps(res), flush=True)

@@ -18,6 +18,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 BS = 64  # query rows per CTA = tokens per routing block
 LOG2E = 1.4426950408889634
+LOG2_BS = 6.0  # log2(BS): vt_fold's share of a full block's token count in a virtual logit
 
 
 class TileOps:
@@ -55,7 +56,10 @@ class TileOps:
     @cute.jit
     def _bias_slots(self, bias, cnt, tScS, t, n_kv, n_last, value):
         """bias / cnt per column slot c of virtual tile t: value(c, jj) for a KV block jj < n_kv (traced only
-        there, so it may load from the bias row), -inf past the end; the token count, n_last for the last block."""
+        there, so it may load from the bias row), -inf past the end; the token count, n_last for the last block.
+        vt_fold: the bias carries log2(BS) too and cnt the count / BS (1 but for a short last block), and the slot
+        after the last (cnt has one more) is 1 where this tile holds a short last block, else 0 (the same in every
+        thread: _online_softmax's count multiplies run only then)."""
         for c in cutlass.range_constexpr(cute.size(bias)):
             jj = t * BS + tScS[(c % 2) + 4 * (c // 2)][1]
             b = -cutlass.Float32.inf
@@ -64,8 +68,18 @@ class TileOps:
                 b = value(c, jj)
                 if jj == n_kv - 1:
                     n = n_last
-            bias[c] = b
-            cnt[c] = n
+            if cutlass.const_expr(self.vt_fold):
+                bias[c] = b + LOG2_BS  # -inf stays -inf
+                cnt[c] = n * (1.0 / BS)
+            else:
+                bias[c] = b
+                cnt[c] = n
+        if cutlass.const_expr(self.vt_fold):
+            short = cutlass.Float32(0.0)
+            if (t + 1) * BS >= n_kv:  # the tile holds the last block
+                if n_last < cutlass.Float32(BS):
+                    short = cutlass.Float32(1.0)
+            cnt[cute.size(bias)] = short
 
     @cute.jit
     def _load_q_rows(self, sQi, mQ, mPerm, qk_thr, i_q, T, hb):
@@ -237,26 +251,49 @@ class TileOps:
         for r in cutlass.range_constexpr(n_rows):
             psum[r] = 0.0
             gsum[r] = 0.0
-        for e in cutlass.range_constexpr(cute.size(acc_s)):
-            r = self._row_slot_e(e)
-            if cutlass.const_expr(not virtual):
+        if cutlass.const_expr(not virtual):
+            for e in cutlass.range_constexpr(cute.size(acc_s)):
+                r = self._row_slot_e(e)
                 p = cute.math.exp2(acc_s[e] * scale_log2 - new_max[r], fastmath=True)
                 psum[r] = psum[r] + p
                 acc_s[e] = p
+        else:
+            if cutlass.const_expr(self.vt_fold):
+                # the logits carry log2(BS): p = BS e(s-hat) is a full block's mass already, and sum_U e(s-hat)
+                # is the row's sum / BS; only a tile with a short last block weights P by count / BS
+                if cnt[cute.size(cnt) - 1] == 0.0:
+                    for e in cutlass.range_constexpr(cute.size(acc_s)):
+                        r = self._row_slot_e(e)
+                        p = cute.math.exp2(acc_s[e] - new_max[r], fastmath=True)
+                        psum[r] = psum[r] + p
+                        acc_s[e] = p
+                    for r in cutlass.range_constexpr(n_rows):
+                        gsum[r] = psum[r]
+                else:
+                    self._virtual_p(acc_s, new_max, psum, gsum, cnt)
             else:
-                p = cute.math.exp2(acc_s[e] - new_max[r], fastmath=True)
-                gsum[r] = gsum[r] + p
-                pn = p * cnt[self._col_slot_e(e)]
-                psum[r] = psum[r] + pn
-                acc_s[e] = pn
+                self._virtual_p(acc_s, new_max, psum, gsum, cnt)
+        g_unit = 1.0 / BS if self.vt_fold else 1.0  # (a Python bool: a constant)
         for r in cutlass.range_constexpr(n_rows):
             row_sum[r] = row_sum[r] * alpha[r] + psum[r]
             if cutlass.const_expr(virtual):
-                row_g[r] = row_g[r] * alpha[r] + gsum[r]
+                row_g[r] = row_g[r] * alpha[r] + gsum[r] * g_unit
             else:
                 row_g[r] = row_g[r] * alpha[r]
         if cutlass.const_expr(rescale_o):
             self._rescale_o(acc_o, alpha)
+
+    @cute.jit
+    def _virtual_p(self, acc_s, new_max, psum, gsum, cnt):
+        """A virtual tile's P weighted by the token counts per column slot (psum: its mass; gsum: the unweighted
+        sum, for the first-order term)."""
+        for e in cutlass.range_constexpr(cute.size(acc_s)):
+            r = self._row_slot_e(e)
+            p = cute.math.exp2(acc_s[e] - new_max[r], fastmath=True)
+            gsum[r] = gsum[r] + p
+            pn = p * cnt[self._col_slot_e(e)]
+            psum[r] = psum[r] + pn
+            acc_s[e] = pn
 
     @cute.jit
     def _rescale_o(self, acc_o, alpha):
