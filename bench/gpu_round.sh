@@ -531,7 +531,8 @@ A15)  # session 15, first call (carry .carry/cs1): every GPU test on session 14'
 B15)  # session 15, second call (carry .carry/cs1): three builds behind switches, each against the default in one
     # process: the statistics' column sums as [D, 16] warpgroup-MMA tiles (PSA_STATS_H_COLT), the Triton and the CuTe
     # virtual tiles with log2 of the token counts folded into the bias (PSA_TRITON_VT_FOLD, PSA_CUTE_VT_FOLD); then
-    # every GPU test with all three on
+    # every GPU test with all three on. All three measured slower and were removed (commit 09b34fd has them;
+    # bench/results/stats_h_colt_s15_h200.txt, switch_*_vt_fold_s15_h200.txt): this phase no longer runs as it did
     python -c "import cutlass.cute" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: Triton only"
     log "stats_h COLT"
     PROBE_SWITCH=PSA_STATS_H_COLT timeout -k 10 120 python bench/probes/stats_h.py --shapes wan14,wan14_720,flux \

@@ -58,6 +58,6 @@ if __name__ == "__main__":
         for pwt, perm, gq, stages in ((True, False, False, 3), (True, False, False, 2), (False, False, False, 3),
                                       (True, True, True, 3), (True, True, False, 3)):
             c = dict(D=128, BS=64, NEED_PWT=pwt, HAS_PERM=perm, GATHER=perm, GATHER_Q=gq, LOWP=True, PREC=1,
-                     STAGES=stages, COLT=os.environ.get("PSA_STATS_H_COLT", "0") == "1")
+                     STAGES=stages)
             print("fused pwt", pwt, "perm+gather", perm, "q copy", gq, "stages", stages,
                   comp(stats_h._stats_h_kernel, SH, c, 8, stages))

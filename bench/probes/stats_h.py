@@ -32,8 +32,9 @@ from kernels.triton import stats as kts  # noqa: E402
 from kernels.triton import stats_h  # noqa: E402
 
 ROUNDS = int(os.environ.get("PROBE_ROUNDS", "3"))
-# op0 / op1 = this variable at 0 / 1 (default PSA_STATS_H: the two passes / the one pass; session 15:
-# PSA_STATS_H_COLT, the one pass's column sums as [D, 16] warpgroup-MMA tiles)
+# op0 / op1 = this variable at 0 / 1 (default PSA_STATS_H: the two passes / the one pass). Session 15 ran it on
+# PSA_STATS_H_COLT, a build (since removed) with the column sums as [D, 16] warpgroup-MMA tiles: slower
+# (bench/results/stats_h_colt_s15_h200.txt)
 SWITCH = os.environ.get("PROBE_SWITCH", "PSA_STATS_H")
 SHAPES = {"wan14": (40, (21, 30, 52)), "wan14_720": (40, (21, 45, 80)), "wan13": (12, (21, 30, 52)),
           "flux": (24, (64, 64))}

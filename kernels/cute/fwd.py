@@ -116,11 +116,6 @@ PAIR_SHARE_MAX_SEL = 256  # both lists in its shared memory (2 KiB); longer ones
 # overrides. Session 10 (cute_pair_q_perm4_s10_h200.txt, as the node calls it, 4 rounds, medians): correct (max
 # diff 0), peak 1.79x -> 1.29x q, but 480p 8.23 vs 7.97 ms (+3%; the gathered query loads), 720p 39.14 vs 39.24: off
 PAIR_Q_PERM = False
-# pisa / pwt: log2 of a virtual tile's token counts folded into its bias row (per column, once per tile) instead of
-# P multiplied by the counts per element, and the first-order weight taken as the row's sum / 64 (exact: a power of
-# two); only a tile holding a short last block keeps the multiplies (tile_ops._bias_slots / _online_softmax).
-# PSA_CUTE_VT_FOLD=1/0 overrides
-VT_FOLD = False
 PAIR_VT_STAGES = 3  # its shared virtual-tile stages (cute_pair.py, session 7: 3 fastest at 720p, 2-4 equal at 480p)
 
 
@@ -128,11 +123,8 @@ class PiecewiseSparseFwdSm90(TileOps):
     """Compile-time configuration: variant family (exact only, or exact + virtual tokens) and stages."""
 
     def __init__(self, approx: bool, kv_stages: int = 4, head_dim: int = 128, q_rs: bool = False,
-                 bias_l2: bool = False, bias_pf: bool = False, out_perm: bool = False, q_perm: bool = False,
-                 vt_fold: bool = False):
+                 bias_l2: bool = False, bias_pf: bool = False, out_perm: bool = False, q_perm: bool = False):
         self.approx = approx
-        # pisa / pwt: log2 of the token counts folded into the virtual tiles' bias (tile_ops._bias_slots)
-        self.vt_fold = vt_fold
         self.q_rs = q_rs  # S = Q K^T with Q from registers (read from shared memory once per CTA)
         self.bias_l2 = bias_l2  # the producer prefetches this query block's bias row into L2 at the start
         self.bias_pf = bias_pf  # a virtual tile's bias loaded one softmax earlier (after the previous tile's)
@@ -374,7 +366,7 @@ class PiecewiseSparseFwdSm90(TileOps):
             # a virtual tile's per-column bias and token counts (tile_ops._load_bias)
             n_cols = cute.size(acc_s) // n_rows
             bias = cute.make_rmem_tensor(cute.make_layout(n_cols), cutlass.Float32)
-            cnt = cute.make_rmem_tensor(cute.make_layout(n_cols + (1 if self.vt_fold else 0)), cutlass.Float32)
+            cnt = cute.make_rmem_tensor(cute.make_layout(n_cols), cutlass.Float32)
             if cutlass.const_expr(self.approx):
                 n_tiles = n_valid + n_vt
             if n_tiles > 0:
@@ -573,9 +565,8 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
         log_once("cute:share_max_sel", "piecewise_sparse_attention: cute pair kernel: %d routed blocks per list "
                  "exceed the shared exact pipeline's %d: a pipeline per list", idx.shape[-1], PAIR_SHARE_MAX_SEL)
         share = False
-    vt_fold = approx and _env_flag("PSA_CUTE_VT_FOLD", VT_FOLD)
     key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm, vt_stages, probe, recip, share,
-           bool(q_perm), vt_fold)
+           bool(q_perm))
     args = [_cute(x) for x in (q, k, v, out, kb, vm, hb)]
     args += [from_dlpack(vb.detach(), assumed_align=vb.element_size()).mark_layout_dynamic(leading_dim=3),
              from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3),
@@ -592,10 +583,9 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
                 if pair:
                     from .fwd_pair import PairFwdSm90
 
-                    kern = PairFwdSm90(stages, vt_stages, D, probe, recip, share, bool(q_perm), vt_fold)
+                    kern = PairFwdSm90(stages, vt_stages, D, probe, recip, share, bool(q_perm))
                 else:
-                    kern = PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2, bias_pf, out_perm, bool(q_perm),
-                                                  vt_fold)
+                    kern = PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2, bias_pf, out_perm, bool(q_perm))
                 fn = cute.compile(kern, *args, *scal, stream)
                 dt = time.perf_counter() - t0
                 _compile_seconds[str(key)] = dt

@@ -108,10 +108,10 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
     """pisa / pwt only; compile-time configuration: exact stages per consumer, shared virtual stages."""
 
     def __init__(self, kv_stages: int = KV_STAGES, vt_stages: int = VT_STAGES, head_dim: int = 128, probe: str = "",
-                 recip_store: bool = False, share: bool = False, q_perm: bool = False, vt_fold: bool = False):
+                 recip_store: bool = False, share: bool = False, q_perm: bool = False):
         # q_perm (Morton): query row t read from row mPerm[t] of the caller's q into the consumer's registers (no TMA,
         # no block-order copy of q) and the output written through mPerm (fwd.py's q_perm)
-        super().__init__(True, kv_stages, head_dim, q_rs=True, out_perm=q_perm, q_perm=q_perm, vt_fold=vt_fold)
+        super().__init__(True, kv_stages, head_dim, q_rs=True, out_perm=q_perm, q_perm=q_perm)
         self.recip_store = recip_store  # the epilogue multiplies by 1 / row sum (tile_ops._store_rows)
         self.vt_stages = vt_stages
         # one exact-tile pipeline for both consumers, fed with the union of their two lists (a block both lists
@@ -426,7 +426,7 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
             n_tiles = n_valid + n_vt
             n_cols = cute.size(acc_s) // n_rows
             bias = cute.make_rmem_tensor(cute.make_layout(n_cols), cutlass.Float32)
-            cnt = cute.make_rmem_tensor(cute.make_layout(n_cols + (1 if self.vt_fold else 0)), cutlass.Float32)
+            cnt = cute.make_rmem_tensor(cute.make_layout(n_cols), cutlass.Float32)
             bias_h = cute.make_rmem_tensor(cute.make_layout(n_cols), mVB.element_type)  # fetched, not converted
             for cc in cutlass.range_constexpr(n_cols):
                 bias_h[cc] = cutlass.Float32(0.0).to(mVB.element_type)

@@ -8,7 +8,11 @@ tile's bias) are held once per column, not once per element.
 Measured and dropped (H200, 2026-12-01, bench/results/pieces_h200.md "Session 4"): two KV blocks per softmax
 step (one row max, one output rescale and one quad reduction per 128 columns instead of 64; commit 3d8049e)
 was no faster at any pipeline depth (drop 5.60-6.13 vs 5.20-5.89 ms at Wan2.1-14B 480p): the exact loop waits
-for its K/V tiles from L2, not on the softmax.
+for its K/V tiles from L2, not on the softmax. Session 15: log2 of the block size folded into a virtual tile's
+bias (once per column) so that P is not multiplied by the token counts per element and the first-order weight is
+the row's sum / 64, with the multiplies kept (a runtime branch) only in a tile holding a short last block: slower,
+as node-layout Morton calls 7.80 -> 8.21 ms at 480p and 38.0 -> 39.5 at 720p (bench/results/
+switch_cute_vt_fold_s15_h200.txt, commit 09b34fd; session 8's folded bias rows were no faster either).
 """
 from __future__ import annotations
 
@@ -18,7 +22,6 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 BS = 64  # query rows per CTA = tokens per routing block
 LOG2E = 1.4426950408889634
-LOG2_BS = 6.0  # log2(BS): vt_fold's share of a full block's token count in a virtual logit
 
 
 class TileOps:
@@ -56,10 +59,7 @@ class TileOps:
     @cute.jit
     def _bias_slots(self, bias, cnt, tScS, t, n_kv, n_last, value):
         """bias / cnt per column slot c of virtual tile t: value(c, jj) for a KV block jj < n_kv (traced only
-        there, so it may load from the bias row), -inf past the end; the token count, n_last for the last block.
-        vt_fold: the bias carries log2(BS) too and cnt the count / BS (1 but for a short last block), and the slot
-        after the last (cnt has one more) is 1 where this tile holds a short last block, else 0 (the same in every
-        thread: _online_softmax's count multiplies run only then)."""
+        there, so it may load from the bias row), -inf past the end; the token count, n_last for the last block."""
         for c in cutlass.range_constexpr(cute.size(bias)):
             jj = t * BS + tScS[(c % 2) + 4 * (c // 2)][1]
             b = -cutlass.Float32.inf
@@ -68,18 +68,8 @@ class TileOps:
                 b = value(c, jj)
                 if jj == n_kv - 1:
                     n = n_last
-            if cutlass.const_expr(self.vt_fold):
-                bias[c] = b + LOG2_BS  # -inf stays -inf
-                cnt[c] = n * (1.0 / BS)
-            else:
-                bias[c] = b
-                cnt[c] = n
-        if cutlass.const_expr(self.vt_fold):
-            short = cutlass.Float32(0.0)
-            if (t + 1) * BS >= n_kv:  # the tile holds the last block
-                if n_last < cutlass.Float32(BS):
-                    short = cutlass.Float32(1.0)
-            cnt[cute.size(bias)] = short
+            bias[c] = b
+            cnt[c] = n
 
     @cute.jit
     def _load_q_rows(self, sQi, mQ, mPerm, qk_thr, i_q, T, hb):
@@ -251,49 +241,26 @@ class TileOps:
         for r in cutlass.range_constexpr(n_rows):
             psum[r] = 0.0
             gsum[r] = 0.0
-        if cutlass.const_expr(not virtual):
-            for e in cutlass.range_constexpr(cute.size(acc_s)):
-                r = self._row_slot_e(e)
+        for e in cutlass.range_constexpr(cute.size(acc_s)):
+            r = self._row_slot_e(e)
+            if cutlass.const_expr(not virtual):
                 p = cute.math.exp2(acc_s[e] * scale_log2 - new_max[r], fastmath=True)
                 psum[r] = psum[r] + p
                 acc_s[e] = p
-        else:
-            if cutlass.const_expr(self.vt_fold):
-                # the logits carry log2(BS): p = BS e(s-hat) is a full block's mass already, and sum_U e(s-hat)
-                # is the row's sum / BS; only a tile with a short last block weights P by count / BS
-                if cnt[cute.size(cnt) - 1] == 0.0:
-                    for e in cutlass.range_constexpr(cute.size(acc_s)):
-                        r = self._row_slot_e(e)
-                        p = cute.math.exp2(acc_s[e] - new_max[r], fastmath=True)
-                        psum[r] = psum[r] + p
-                        acc_s[e] = p
-                    for r in cutlass.range_constexpr(n_rows):
-                        gsum[r] = psum[r]
-                else:
-                    self._virtual_p(acc_s, new_max, psum, gsum, cnt)
             else:
-                self._virtual_p(acc_s, new_max, psum, gsum, cnt)
-        g_unit = 1.0 / BS if self.vt_fold else 1.0  # (a Python bool: a constant)
+                p = cute.math.exp2(acc_s[e] - new_max[r], fastmath=True)
+                gsum[r] = gsum[r] + p
+                pn = p * cnt[self._col_slot_e(e)]
+                psum[r] = psum[r] + pn
+                acc_s[e] = pn
         for r in cutlass.range_constexpr(n_rows):
             row_sum[r] = row_sum[r] * alpha[r] + psum[r]
             if cutlass.const_expr(virtual):
-                row_g[r] = row_g[r] * alpha[r] + gsum[r] * g_unit
+                row_g[r] = row_g[r] * alpha[r] + gsum[r]
             else:
                 row_g[r] = row_g[r] * alpha[r]
         if cutlass.const_expr(rescale_o):
             self._rescale_o(acc_o, alpha)
-
-    @cute.jit
-    def _virtual_p(self, acc_s, new_max, psum, gsum, cnt):
-        """A virtual tile's P weighted by the token counts per column slot (psum: its mass; gsum: the unweighted
-        sum, for the first-order term)."""
-        for e in cutlass.range_constexpr(cute.size(acc_s)):
-            r = self._row_slot_e(e)
-            p = cute.math.exp2(acc_s[e] - new_max[r], fastmath=True)
-            gsum[r] = gsum[r] + p
-            pn = p * cnt[self._col_slot_e(e)]
-            psum[r] = psum[r] + pn
-            acc_s[e] = pn
 
     @cute.jit
     def _rescale_o(self, acc_o, alpha):

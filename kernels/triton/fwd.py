@@ -9,11 +9,14 @@ One program = one 64-token query block i of one (batch, head):
   3. the first-order term s (q H-bar) sum_U e(s-hat), folded in at the end: it shares the running max.
 Every rescale multiplies all accumulated mass (exact and virtual, numerator, denominator and the
 first-order weight). fp32 accumulation; bf16/fp16 operands on the tensor cores.
+
+Measured and not kept (H200, session 15, bench/results/switch_triton_vt_fold_s15_h200.txt, commit 09b34fd): log2 of
+the block size folded into the virtual logits and the count multiplies only in the tile with a short last block
+(an scf.if in the virtual loop): Wan2.1-14B 480p 8.36 -> 9.80 ms (raster), 720p 43.7 -> 44.3.
 """
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 
@@ -61,8 +64,7 @@ def _psa_fwd_kernel(
     HC, T, N, NSEL, N_VIRT, qk_scale, scale, out_max,
     D: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
     APPROX: tl.constexpr, HAS_PERM: tl.constexpr, USE_TMA: tl.constexpr, HAS_HSCALE: tl.constexpr,
-    STORE_LSE: tl.constexpr = False, KV_PERM: tl.constexpr = True, VT_FOLD: tl.constexpr = False,
-    LOG2_BS: tl.constexpr = 6.0,
+    STORE_LSE: tl.constexpr = False, KV_PERM: tl.constexpr = True,
 ):
     LOG2E: tl.constexpr = 1.4426950408889634
     i_m, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -141,29 +143,15 @@ def _psa_fwd_kernel(
             b_kb = tl.load(p_kbar + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)  # [BV, D]
             # -inf = exact block (or past the end); else the gated PWT bonus (0 for PISA)
             b_bias = tl.load(p_vb + o_j, mask=m_j, other=float("-inf")).to(tl.float32)
-            if VT_FOLD:  # log2(BS) in the logit: p = BS e(s-hat), a full block's mass
-                b_s = tl.dot(b_q, tl.trans(b_kb)) * qk_scale + (b_bias * LOG2E + LOG2_BS)[None, :]  # [BS, BV]
-            else:
-                b_s = tl.dot(b_q, tl.trans(b_kb)) * qk_scale + (b_bias * LOG2E)[None, :]  # [BS, BV]
+            b_s = tl.dot(b_q, tl.trans(b_kb)) * qk_scale + (b_bias * LOG2E)[None, :]  # [BS, BV]
             b_mn = tl.maximum(b_m, tl.max(b_s, axis=1))
             b_mu = tl.where(b_mn == float("-inf"), 0.0, b_mn)
             b_alpha = tl.math.exp2(b_m - b_mu)
             b_p = tl.math.exp2(b_s - b_mu[:, None])
-            if VT_FOLD:
-                # sum_U e(s-hat) is the row's sum / BS (exact); only the tile with a short last block weights P
-                b_ps = tl.sum(b_p, axis=1)
-                b_g = b_g * b_alpha + b_ps * (1.0 / BS)
-                if (v0 + BLOCK_V >= N) & (n_last < BS):
-                    b_pn = b_p * tl.where(o_j == N - 1, n_last * (1.0 / BS), 1.0)[None, :]
-                    b_l = b_l * b_alpha + tl.sum(b_pn, axis=1)
-                else:
-                    b_pn = b_p
-                    b_l = b_l * b_alpha + b_ps
-            else:
-                b_cnt = tl.where(o_j == N - 1, n_last, BS * 1.0)
-                b_pn = b_p * b_cnt[None, :]
-                b_l = b_l * b_alpha + tl.sum(b_pn, axis=1)
-                b_g = b_g * b_alpha + tl.sum(b_p, axis=1)
+            b_cnt = tl.where(o_j == N - 1, n_last, BS * 1.0)
+            b_pn = b_p * b_cnt[None, :]
+            b_l = b_l * b_alpha + tl.sum(b_pn, axis=1)
+            b_g = b_g * b_alpha + tl.sum(b_p, axis=1)
             b_vm = tl.load(p_vmean + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)  # [BV, D]
             # sum_U e(s-hat) V-hat_j = sum_U n_j e(s-hat) vmean_j
             b_acc = b_acc * b_alpha[:, None] + tl.dot(b_pn.to(b_vm.dtype), b_vm)
@@ -266,17 +254,6 @@ def _tma_ok(device) -> bool:
     return _tma_state[key]
 
 
-# pisa / pwt: log2 of the block size folded into the virtual logits (one add per column) instead of P multiplied by
-# the token counts per element, the first-order weight taken as the row's sum / BS; only the tile with a short last
-# block keeps the multiplies. PSA_TRITON_VT_FOLD=1/0 overrides
-VT_FOLD = False
-
-
-def _vt_fold() -> bool:
-    v = os.environ.get("PSA_TRITON_VT_FOLD", "").strip()
-    return VT_FOLD if v == "" else v != "0"
-
-
 def attention(q, k, v, out, st, idx, vbias, cfg, *, perm=None, config: dict | None = None, lse=None,
               kv_perm: bool = True):
     """Launch the fused kernel on [B, HC, T, D] views (unit last stride). `config` pins a tile config
@@ -315,7 +292,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, perm=None, config: dict | No
     )
     grid = (n, HC, B)
     meta = dict(D=D, BS=bs, APPROX=approx, HAS_PERM=perm is not None, HAS_HSCALE=hscale is not None,
-                KV_PERM=kv_perm, VT_FOLD=approx and _vt_fold(), LOG2_BS=float(math.log2(bs)))
+                KV_PERM=kv_perm)
     if lse is not None:
         assert perm is None and lse.is_contiguous() and lse.shape == (B, HC, T) and lse.dtype == torch.float32
         meta["STORE_LSE"] = True
@@ -325,7 +302,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, perm=None, config: dict | No
                               USE_TMA=c.pop("USE_TMA", False), **c)
         return out
     tuner = _tuner(q.device, want_tma)
-    key = (str(q.dtype), D, approx, perm is not None, kv_perm, want_tma, id(tuner), meta["VT_FOLD"])
+    key = (str(q.dtype), D, approx, perm is not None, kv_perm, want_tma, id(tuner))
     with _tune_lock:
         first = key not in _seen and not _INTERPRET
         if first:

@@ -13,7 +13,10 @@ STAGES deep) and nothing in the loop is a cross-warp reduction:
   SASS instructions and 4 -> 2 CTA barriers per block, Wan2.1-14B 480p 0.401 -> 0.358 ms. Measured slower and not
   kept: the squares' sums as float32 FMAs summed inside each warp (523 instructions but 0.462 ms; not profiled: q
   and k then reach registers in the mma accumulator layout, not by ldmatrix) and two programs per block range over
-  half the columns each at <= 128 registers (two per SM; 0.409 ms: more instructions, four barriers);
+  half the columns each at <= 128 registers (two per SM; 0.409 ms: more instructions, four barriers); session 15:
+  the sums as b_x^T x ones[BS, 16] ([D, 16] tiles, M = D: warpgroup MMAs, q / k / v read straight from the staged
+  tiles, no mma.sync; 236 registers, 4 barriers): 0.360 vs 0.356 ms at 480p, 0.797 vs 0.796 at 720p, 0.0399 vs
+  0.0389 at FLUX.1 (bench/results/stats_h_colt_s15_h200.txt, commit 09b34fd);
 - sum_j K_j^T V_j accumulated in a [D, D] float32 register tile (wgmma), without centring: after the loop the
   program subtracts sum_j kbar_j (x) vsum_j (MATH.md: sum_j H_j = K^T V - sum_j n_j kbar_j (x) V-hat_j / n_j,
   exact) with 3xTF32 dots over its blocks' float32 k-bar and value sums (the value sums wait in the program's own
@@ -91,36 +94,6 @@ def _sqsum(ones, b_x, LOWP: tl.constexpr):
 
 
 @triton.jit
-def _colsum_t(b_x, ones_t, LOWP: tl.constexpr):
-    """[D, 16] = b_x^T x ones_t[BS, 16]: every column holds the column sums of b_x [BS, D] (COLT: M = D, so a
-    warpgroup MMA with b_x^T read from the pipeline's shared memory), float32 under the interpreter."""
-    acc = tl.zeros([b_x.shape[1], 16], dtype=tl.float32)
-    if LOWP:
-        return tl.dot(tl.trans(b_x), ones_t.to(b_x.dtype), acc)
-    else:
-        return tl.dot(tl.trans(b_x.to(tl.float32)), ones_t, acc, input_precision="ieee")
-
-
-@triton.jit
-def _sqsum_t(b_x, ones_t, LOWP: tl.constexpr):
-    """_sqsum transposed: [D, 16], every column the column sums of b_x^2 (the same bfloat16 high / low parts)."""
-    acc = tl.zeros([b_x.shape[1], 16], dtype=tl.float32)
-    if LOWP:
-        onesb = ones_t.to(tl.bfloat16)
-        if b_x.dtype == tl.bfloat16:
-            b_hi = b_x * b_x
-            b_xf = b_x.to(tl.float32)
-            b_lo = (b_xf * b_xf - b_hi.to(tl.float32)).to(tl.bfloat16)
-        else:
-            b_xf = b_x.to(tl.float32)
-            b_hi, b_lo = _bf16_parts(b_xf * b_xf)
-        return tl.dot(tl.trans(b_lo), onesb, tl.dot(tl.trans(b_hi), onesb, acc))
-    else:
-        b_xf = b_x.to(tl.float32)
-        return tl.dot(tl.trans(b_xf * b_xf), ones_t, acc, input_precision="ieee")
-
-
-@triton.jit
 def _exact_blocks(Q, K, V, PERM, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, p_vs, p_q, p_k, p_v, sq_t, sk_t, sv_t,
                   i_bh, T, N, j0, j1, D: tl.constexpr, BS: tl.constexpr, NEED_PWT: tl.constexpr,
                   HAS_PERM: tl.constexpr, LOWP: tl.constexpr):
@@ -162,7 +135,7 @@ def _stats_h_kernel(
     sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t, sg_b, sg_h, sg_t,
     HC, T, N, G, NPART, SROW,
     D: tl.constexpr, BS: tl.constexpr, NEED_PWT: tl.constexpr, HAS_PERM: tl.constexpr, GATHER: tl.constexpr,
-    GATHER_Q: tl.constexpr, LOWP: tl.constexpr, PREC: tl.constexpr, STAGES: tl.constexpr, COLT: tl.constexpr = False,
+    GATHER_Q: tl.constexpr, LOWP: tl.constexpr, PREC: tl.constexpr, STAGES: tl.constexpr,
 ):
     """ST32: float32 rows [q-bar, k-bar, (q^2, sigma^2)] x [B, HC, N, D], SROW apart; LP: input dtype [k-bar,
     value mean] the same way. The float32 value sums (for the H correction; G <= D) wait in the program's own
@@ -192,8 +165,6 @@ def _stats_h_kernel(
     ones = tl.full([16, BS], 1.0, tl.float32)
     # [16, D] statistics tile, row e -> ST32 row e (e 2: the value sums, to the partial slot; 3, 4 -> rows 2, 3)
     o_row = (o_e - (o_e > 2).to(tl.int32))[:, None].to(tl.int64) * SROW  # [16, 1]
-    ones_t = tl.full([BS, 16], 1.0, tl.float32)  # COLT
-    o_row_t = (o_e - (o_e > 2).to(tl.int32))[None, :].to(tl.int64) * SROW  # [1, 16]
     b_h = tl.zeros([D, D], dtype=tl.float32)
     for j in tl.range(j0, j1, num_stages=STAGES):
         o_t = j * BS + o_m
@@ -216,44 +187,24 @@ def _stats_h_kernel(
             b_h = tl.dot(tl.trans(b_k.to(tl.float32)), b_v.to(tl.float32), b_h, input_precision="ieee")
         # full blocks here (the short last one is redone below): 1 / 64 is exact, as a division would be
         rcnt = 1.0 / tl.minimum(T - j * BS, BS).to(tl.float32)
-        if COLT:
-            # every statistic as a [D, 16] tile whose 16 columns are equal, selected by column
-            s_q = _colsum_t(b_q, ones_t, LOWP=LOWP)
-            s_k = _colsum_t(b_k, ones_t, LOWP=LOWP)
-            s_v = _colsum_t(b_v, ones_t, LOWP=LOWP)
-            if NEED_PWT:
-                s_q2 = _sqsum_t(b_q, ones_t, LOWP=LOWP)
-                s_kc2 = _sqsum_t(b_k.to(tl.float32) - b_c[None, :], ones_t, LOWP=LOWP)
-            s_k = s_k * rcnt
-            o_ec = o_e[None, :]
-            b_o = tl.where(o_ec == 0, s_q * rcnt, tl.where(o_ec == 1, s_k, s_v))
-            if NEED_PWT:
-                b_dc = s_k - b_c[:, None]
-                s_sig2 = s_kc2 * rcnt - b_dc * b_dc
-                s_sig2 = tl.where(s_sig2 < 0.0, 0.0, s_sig2)  # rounding below 0 -> 0; NaN stays
-                b_o = tl.where(o_ec == 3, s_q2 * rcnt, tl.where(o_ec == 4, s_sig2, b_o))
-            o_s = (i_bh * N + j) * D + o_d[:, None]
-            p_o = tl.where(o_ec == 2, p_vs + j * D + o_d[:, None], ST32 + o_row_t + o_s)
-            tl.store(p_o, b_o, mask=o_ec < NR32)
-        else:
-            # every statistic as a [16, D] tile whose 16 rows are equal (no reductions), the block's statistics
-            # selected by row into one tile and one store
-            s_q = _colsum(ones, b_q, LOWP=LOWP)
-            s_k = _colsum(ones, b_k, LOWP=LOWP)
-            s_v = _colsum(ones, b_v, LOWP=LOWP)
-            if NEED_PWT:
-                s_q2 = _sqsum(ones, b_q, LOWP=LOWP)
-                s_kc2 = _sqsum(ones, b_k.to(tl.float32) - b_c[None, :], LOWP=LOWP)
-            s_k = s_k * rcnt
-            b_o = tl.where(o_e[:, None] == 0, s_q * rcnt, tl.where(o_e[:, None] == 1, s_k, s_v))
-            if NEED_PWT:
-                b_dc = s_k - b_c[None, :]
-                s_sig2 = s_kc2 * rcnt - b_dc * b_dc
-                s_sig2 = tl.where(s_sig2 < 0.0, 0.0, s_sig2)  # rounding below 0 -> 0; NaN stays
-                b_o = tl.where(o_e[:, None] == 3, s_q2 * rcnt, tl.where(o_e[:, None] == 4, s_sig2, b_o))
-            o_s = (i_bh * N + j) * D + o_d[None, :]
-            p_o = tl.where(o_e[:, None] == 2, p_vs + j * D + o_d[None, :], ST32 + o_row + o_s)
-            tl.store(p_o, b_o, mask=o_e[:, None] < NR32)
+        # every statistic as a [16, D] tile whose 16 rows are equal (no reductions), the block's statistics
+        # selected by row into one tile and one store
+        s_q = _colsum(ones, b_q, LOWP=LOWP)
+        s_k = _colsum(ones, b_k, LOWP=LOWP)
+        s_v = _colsum(ones, b_v, LOWP=LOWP)
+        if NEED_PWT:
+            s_q2 = _sqsum(ones, b_q, LOWP=LOWP)
+            s_kc2 = _sqsum(ones, b_k.to(tl.float32) - b_c[None, :], LOWP=LOWP)
+        s_k = s_k * rcnt
+        b_o = tl.where(o_e[:, None] == 0, s_q * rcnt, tl.where(o_e[:, None] == 1, s_k, s_v))
+        if NEED_PWT:
+            b_dc = s_k - b_c[None, :]
+            s_sig2 = s_kc2 * rcnt - b_dc * b_dc
+            s_sig2 = tl.where(s_sig2 < 0.0, 0.0, s_sig2)  # rounding below 0 -> 0; NaN stays
+            b_o = tl.where(o_e[:, None] == 3, s_q2 * rcnt, tl.where(o_e[:, None] == 4, s_sig2, b_o))
+        o_s = (i_bh * N + j) * D + o_d[None, :]
+        p_o = tl.where(o_e[:, None] == 2, p_vs + j * D + o_d[None, :], ST32 + o_row + o_s)
+        tl.store(p_o, b_o, mask=o_e[:, None] < NR32)
     if j1 * BS > T:  # the short last block again, with masked loads (zeros past T)
         tl.debug_barrier()  # after the loop's stores of the same block
         b_q, b_k, b_v = _stats_load(p_q, p_k, p_v, PERM, sq_t, sk_t, sv_t, T, N - 1, True, o_d, BS=BS,
@@ -305,16 +256,6 @@ STATS_H_WARPS = int(os.environ.get("PSA_STATS_H_WARPS", "8") or 8)
 STATS_H_STAGES = int(os.environ.get("PSA_STATS_H_STAGES", "3") or 3)
 STATS_H_CTAS_PER_SM = int(os.environ.get("PSA_STATS_H_CTAS_PER_SM", "1") or 1)
 STATS_H_PARTS = int(os.environ.get("PSA_STATS_H_PARTS", "0") or 0)  # > 0: this many programs per head (sweeps)
-# the column sums as b_x^T x ones[BS, 16] ([D, 16] tiles, M = D: warpgroup MMAs reading the staged tiles) instead of
-# ones[16, BS] x b_x (mma.sync, M = 16). PSA_STATS_H_COLT=1/0 overrides
-STATS_H_COLT = False
-
-
-def _colt() -> bool:
-    v = os.environ.get("PSA_STATS_H_COLT", "").strip()
-    return STATS_H_COLT if v == "" else v != "0"
-
-
 STATS_H_MAX_PARTS = 32  # [D, D] float32 partials per head at most (64 KB each: written once, summed once)
 
 
@@ -354,7 +295,6 @@ def stats_with_h(q, k, v, pm, strides, g_args, *, n, bs, need_pwt, has_perm, gat
     _stats_h_kernel[(p, HC, B)](
         q, k, v, pm, st32, lp, hpart, *g_args[:3], *strides, *g_args[3:], HC, T, n, g, p, B * HC * n * D,
         D=D, BS=bs, NEED_PWT=need_pwt, HAS_PERM=has_perm, GATHER=gather, GATHER_Q=gather_q, LOWP=lowp,
-        PREC=0 if _INTERPRET else 1, STAGES=STATS_H_STAGES, COLT=_colt(), num_warps=STATS_H_WARPS,
-        num_stages=STATS_H_STAGES,
+        PREC=0 if _INTERPRET else 1, STAGES=STATS_H_STAGES, num_warps=STATS_H_WARPS, num_stages=STATS_H_STAGES,
     )
     return st32, lp, hpart
