@@ -19,7 +19,7 @@
 # Session 13: A13, B13, C13 (the routing builds, zero-copy graph outputs), then L and E, each carrying [".carry/cs1"].
 # Session 14: A14 (no carry; the statistics loop), then C14 (carry [".carry/cs1"]); a third call got no time.
 # Session 15: A15 (carry [".carry/cs1"]: every GPU test on session 14's final commit, the statistics, L), B15 (the
-# same carry: three builds behind switches, all slower, removed), C15 (the same carry: break-even table, DiT step).
+# same carry: three builds behind switches, all slower, removed), C15 (the same carry: break-even table, DiT step), D15 (the node's speed-up curve).
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
 # times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
@@ -560,6 +560,13 @@ C15)  # session 15, last call (carry .carry/cs1): the break-even table on the sh
     cp nodes/breakeven_h200.json "$OUT/" 2>/dev/null
     DIT_TIMEOUT=$((585 - SECONDS)) bash "$0" E
     exit $?
+    ;;
+D15)  # session 15 (carry .carry/cs1): the node's speed-up curve (bench_attention.py --sections web: the public API as
+    # the node calls it, per density, against cuDNN SDPA) for web/js/speedup_h200.json
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: Triton only"
+    log "web curve"
+    timeout -k 5 300 python bench/bench_attention.py --out "$OUT/web" --sections web > "$OUT/web.log" 2>&1
+    log "web curve rc=$? $(grep -c density "$OUT/web.log") rows"
     ;;
 T)  # the CuTe GPU tests with the stashed picks (after N, when N had no time left for them)
     run_tests cute 300 tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
