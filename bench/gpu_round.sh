@@ -19,7 +19,8 @@
 # Session 13: A13, B13, C13 (the routing builds, zero-copy graph outputs), then L and E, each carrying [".carry/cs1"].
 # Session 14: A14 (no carry; the statistics loop), then C14 (carry [".carry/cs1"]); a third call got no time.
 # Session 15: A15 (carry [".carry/cs1"]: every GPU test on session 14's final commit, the statistics, L), B15 (the
-# same carry: three builds behind switches, all slower, removed), C15 (the same carry: break-even table, DiT step), D15 (the node's speed-up curve).
+# same carry: three builds behind switches, all slower, removed), C15 (the same carry: break-even table, DiT step), D15 (the node's speed-up curve), E15 (the
+# backward GPU tests).
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
 # times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
@@ -567,6 +568,12 @@ D15)  # session 15 (carry .carry/cs1): the node's speed-up curve (bench_attentio
     log "web curve"
     timeout -k 5 300 python bench/bench_attention.py --out "$OUT/web" --sections web > "$OUT/web.log" 2>&1
     log "web curve rc=$? $(grep -c density "$OUT/web.log") rows"
+    ;;
+E15)  # session 15, last call (carry .carry/cs1): the backward GPU tests (their forward's statistics are session 14's
+    # kernel; last run in session 13)
+    log "pytest backward"
+    timeout 240 python -m pytest -q -p no:cacheprovider -n 4 -m gpu tests/test_backward_gpu.py > "$OUT/tests_bwd.log" 2>&1
+    log "pytest backward rc=$? $(tail -1 "$OUT/tests_bwd.log")"
     ;;
 T)  # the CuTe GPU tests with the stashed picks (after N, when N had no time left for them)
     run_tests cute 300 tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
