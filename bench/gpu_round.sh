@@ -20,7 +20,7 @@
 # Session 14: A14 (no carry; the statistics loop), then C14 (carry [".carry/cs1"]); a third call got no time.
 # Session 15: A15 (carry [".carry/cs1"]: every GPU test on session 14's final commit, the statistics, L), B15 (the
 # same carry: three builds behind switches, all slower, removed), C15 (the same carry: break-even table, DiT step), D15 (the node's speed-up curve), E15 (the
-# backward GPU tests).
+# backward GPU tests). Session 16: A16 (the same carry: the rolled Morton head chunks, the backward tests).
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
 # times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
@@ -575,6 +575,22 @@ E15)  # session 15, last call (carry .carry/cs1): the backward GPU tests (their 
     # (390 vs 291 MiB: the test now warms up first). 2 workers, as every earlier session ran them
     log "pytest backward"
     timeout 240 python -m pytest -q -p no:cacheprovider -n 2 -m gpu tests/test_backward_gpu.py > "$OUT/tests_bwd.log" 2>&1
+    log "pytest backward rc=$? $(tail -1 "$OUT/tests_bwd.log")"
+    ;;
+A16)  # session 16, first call (carry .carry/cs1): the rolled Morton head chunks (PSA_MORTON_ROLL, built in session 16 on
+    # the CPU: CuTe's q copies in the caller's output ahead of their chunk) against the default, time and peak memory,
+    # at the default budget and at PSA_MORTON_SCRATCH=0.75; the CuTe GPU tests with it on; then E15's backward tests
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: Triton only"
+    for frac in "" 0.75; do
+        log "switch_ab PSA_MORTON_ROLL scratch=${frac:-default}"
+        PSA_MORTON_SCRATCH=$frac PROBE_BACKENDS=cute PROBE_SHAPES=wan14,wan14_720 timeout -k 10 150 \
+            python bench/probes/switch_ab.py PSA_MORTON_ROLL > "$OUT/switch_morton_roll${frac}.txt" 2>&1
+        log "switch_morton_roll${frac} rc=$? $(grep -v RESULT "$OUT/switch_morton_roll${frac}.txt" | cut -c1-900)"
+    done
+    PSA_MORTON_ROLL=1 run_tests roll 200 tests/test_cute_gpu.py tests/test_cute_pair_gpu.py tests/test_graphs_gpu.py
+    log "pytest backward"
+    timeout $((585 - SECONDS)) python -m pytest -q -p no:cacheprovider -n 2 -m gpu tests/test_backward_gpu.py \
+        > "$OUT/tests_bwd.log" 2>&1
     log "pytest backward rc=$? $(tail -1 "$OUT/tests_bwd.log")"
     ;;
 T)  # the CuTe GPU tests with the stashed picks (after N, when N had no time left for them)

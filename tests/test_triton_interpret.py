@@ -84,7 +84,9 @@ def test_morton_copies_only_k_v_in_head_chunks_under_their_budget(res):
     (one chunk: 3x q, the output allocated after) or per chunk (the copies budgeted at 1.5x the limits: 1.5x q
     over 2 chunks at PSA_MORTON_SCRATCH=1), or (PSA_CUTE_OUT_PERM) its output rows through the permutation into
     the caller's layout, no scatter; one that reads the caller's query rows through the permutation too
-    (PSA_CUTE_Q_PERM) gets only the k, v copies, as the Triton attention. Every one equals the separate passes."""
+    (PSA_CUTE_Q_PERM) gets only the k, v copies, as the Triton attention; one without a permutation that can be
+    asked to read q through it (PSA_MORTON_ROLL) gets only the k, v copies in head chunks too (its q copies in the
+    output ahead of their chunk). Every one equals the separate passes."""
     r = get(res, "morton_copies_chunked_under_their_budget")
     for var in ("pwt", "drop"):
         for frac, hc, allocs in (("0", 4, [1.0, 2.0]), ("1", 2, [1.0, 1.0]), ("0.25", 1, [0.5, 1.0])):
@@ -99,6 +101,15 @@ def test_morton_copies_only_k_v_in_head_chunks_under_their_budget(res):
         for frac, allocs in (("1", [1.0, 1.0]), ("0", [1.0, 2.0])):
             d = r[f"{var}_q_perm_attention_frac{frac}"]
             assert d["maxdiff_vs_separate"] <= 1e-5 and d["allocs_in_q"] == allocs and d["keeps_layout"], (var, d)
+        # PSA_MORTON_ROLL: in head chunks the q copies go into the output (only the k, v copies: 2 x 2 / 4 heads,
+        # 2 x 1 / 4), in one chunk the 3 copies as before; uneven chunks in either layout, either output layout
+        for frac, allocs in (("1", [1.0, 1.0]), ("0.5", [0.5, 1.0]), ("0", [1.0, 3.0])):
+            d = r[f"{var}_roll_attention_frac{frac}"]
+            assert d["maxdiff_vs_separate"] <= 1e-5 and d["allocs_in_q"] == allocs, (var, frac, d)
+            assert d["keeps_layout"] or frac == "0", (var, frac, d)
+        for lay in ("node", "raster"):
+            for bthd in (0, 1):
+                assert r[f"{var}_rolled_3_1_{lay}_bthd{bthd}"] <= 1e-5, (var, lay, bthd)
     real = {"wan14_480p": 20, "wan14_720p": 20, "wan13_480p": 12, "flux_1024": 24}
     assert r["real_hc"] == real and r["real_hc_3copies"] == real, (r["real_hc"], r["real_hc_3copies"])
     # the default budget halves from 512 MiB of q on (kernels.triton.MORTON_LARGE_BYTES): 720p in 4 chunks

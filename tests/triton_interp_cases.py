@@ -531,6 +531,40 @@ def _():
                 o_[:, :, p_] = fwd.attention(q_[:, :, p_], kg, vg, torch.empty_like(kg), *a, **kw)
                 return o_
             q_perm_attention.reads_q_perm = lambda T, cfg: True
+
+            # ... or one without a permutation that can be asked to read q through it (CuTe's, PSA_MORTON_ROLL): in
+            # head chunks its q copies go into the caller's output ahead of their chunk, the last chunk reads q
+            # through the permutation: only the k, v copies are allocated
+            def roll_attention(q_, kg, vg, o_, *a, perm=None, kv_perm=True, **kw):
+                if perm is None:  # a block-order q copy, the output over it
+                    return fwd.attention(q_, kg, vg, o_, *a, **kw)
+                assert not kv_perm
+                p_ = perm.long()
+                o_[:, :, p_] = fwd.attention(q_[:, :, p_], kg, vg, torch.empty_like(kg), *a, **kw)
+                return o_
+            roll_attention.can_read_q_perm = True
+            roll0 = os.environ.get("PSA_MORTON_ROLL")
+            try:
+                os.environ["PSA_MORTON_ROLL"] = "1"
+                for frac in ("1", "0.5", "0"):  # 2 chunks of 2 heads, 4 of 1, one chunk (no roll: 3 copies)
+                    os.environ["PSA_MORTON_SCRATCH"] = frac
+                    mode = _BigAllocs(q_bytes // 4)
+                    with mode:
+                        o = kt._forward_impl(q, k, v, c, perm=perm, n_prefix=npre, attention=roll_attention)
+                    out[f"{var}_roll_attention_frac{frac}"] = {
+                        "maxdiff_vs_separate": float((o - sep).abs().max()), "keeps_layout": o.stride() == q.stride(),
+                        "allocs_in_q": sorted(n / q_bytes for n in mode.sizes)}
+                # uneven chunks (3 + 1 heads: the 1-head chunk first, its copy where the 3 heads go) in both layouts
+                fperm = kt._full_perm(perm, npre, T, q.device)
+                for lay, args in (("node", (q, k, v)), ("raster", tuple(x.contiguous() for x in (q, k, v)))):
+                    for bthd in (False, True):
+                        o = kt._forward_rolled(*args, c, perm, fperm, npre, 3, 1 << 30, roll_attention, {}, bthd)
+                        out[f"{var}_rolled_3_1_{lay}_bthd{int(bthd)}"] = float((o - sep).abs().max())
+            finally:
+                if roll0 is None:
+                    os.environ.pop("PSA_MORTON_ROLL", None)
+                else:
+                    os.environ["PSA_MORTON_ROLL"] = roll0
             for frac in ("1", "0"):
                 os.environ["PSA_MORTON_SCRATCH"] = frac
                 for name, att in (("no_perm", lambda *a, **kw: fwd.attention(*a, **kw)),

@@ -14,7 +14,9 @@ after it (bench/results/pieces_h200.md, Session 11): PSA_H_OVERLAP (the H pass b
   out_layout="bthd" and ComfyUI's reshape), through the CUDA-graph cache, plus a graph of the call captured by
   hand and replayed alone (`*_replay_ms`).
 
-Backends: PROBE_BACKENDS (default cute,triton). Prints one line `RESULT {...}`.
+Backends: PROBE_BACKENDS (default cute,triton); shapes: PROBE_SHAPES (default all). Eager rows also give the peak
+memory of one call beyond its output in q's bytes (`op*_peak_extra_x_q`, as bench/pieces.py --morton). Prints one
+line `RESULT {...}`.
 
     python bench/probes/switch_ab.py PSA_NAME [--route] [--flux-only]
 """
@@ -43,6 +45,8 @@ SHAPES = [("wan14", (21, 30, 52), 40, 0, 0.125, 0, True, False),
           ("flux", (64, 64), 24, 512, 0.2, 8, False, True)]
 if "--flux-only" in sys.argv:
     SHAPES = SHAPES[-1:]
+if os.environ.get("PROBE_SHAPES"):  # a comma-separated subset of the names above
+    SHAPES = [s for s in SHAPES if s[0] in os.environ["PROBE_SHAPES"].split(",")]
 
 
 def bench(fn, ms_hint):
@@ -114,6 +118,15 @@ for name, grid, H, npre, density, sinks, node, use_graphs in SHAPES:
                     graphs.clear()
                     outs[op] = call().clone()
                     d[f"op{op}_r{r}_ms"] = bench(call, 1.0 if use_graphs else 10.0)
+                    if r == 0 and not use_graphs:  # peak extra memory of one call beyond its output, in q's bytes
+                        torch.cuda.synchronize()
+                        base = torch.cuda.memory_allocated()
+                        torch.cuda.reset_peak_memory_stats()
+                        o = call()
+                        torch.cuda.synchronize()
+                        d[f"op{op}_peak_extra_x_q"] = ((torch.cuda.max_memory_allocated() - base - o.numel() * 2)
+                                                       / (q.numel() * 2))
+                        del o
                     if use_graphs:
                         graphs.clear()
                         os.environ["PSA_CUDA_GRAPHS"] = "0"

@@ -193,6 +193,9 @@ def _reads_q_perm(T: int, cfg: SparseConfig) -> bool:
 
 
 _attention.reads_q_perm = _reads_q_perm
+# asked with kv_perm=False (and perm) it reads the caller's query rows through perm whatever the defaults above say
+# (kernels.triton._forward_rolled's last head chunk)
+_attention.can_read_q_perm = True
 
 
 def aligned16(x) -> bool:

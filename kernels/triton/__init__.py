@@ -322,6 +322,8 @@ def _forward_gathered(q, k, v, cfg, perm, fperm, n_prefix, config, scratch, atte
     # directly (no scatter pass); else its block-order output goes over the q copy
     writes = getattr(attention, "writes_out_perm", None)
     direct = writes is not None and writes()
+    if not direct and hc < H and getattr(attention, "can_read_q_perm", False) and _morton_roll():
+        return _forward_rolled(q, k, v, cfg, perm, fperm, n_prefix, hc, score_bytes, attention, kw, out_bthd)
     # in one chunk the output is allocated only after the statistics are freed (the peak is the head loop's,
     # copies + scratch, or the copies + the output at the scatter, never both); chunks scatter as they go
     out = _output_like(q, out_bthd) if direct or hc < H else None
@@ -342,6 +344,51 @@ def _forward_gathered(q, k, v, cfg, perm, fperm, n_prefix, config, scratch, atte
     if out is not None:
         return out
     return _scatter_into(g[0], perm, n_prefix, _output_like(q, out_bthd))
+
+
+# PSA_MORTON_ROLL (default off until measured on the H200): an attention that takes no permutation (CuTe's) but can
+# be asked to read q through it, in head chunks, gets its q copies in the caller's output instead of a buffer of
+# their own (_forward_rolled): the Morton copies' peak falls from 3 to 2 chunk copies + the statistics (Wan2.1-14B
+# 480p at the default budget: 1.74x -> ~1.24x q by arithmetic; 3 chunks, PSA_MORTON_SCRATCH=0.75: ~0.9x)
+MORTON_ROLL = False
+
+
+def _morton_roll() -> bool:
+    v = os.environ.get("PSA_MORTON_ROLL", "").strip()
+    return MORTON_ROLL if v == "" else v != "0"
+
+
+def _forward_rolled(q, k, v, cfg, perm, fperm, n_prefix, hc, score_bytes, attention, kw, out_bthd):
+    """_forward_gathered's head chunks for an attention without a permutation that can read q through one
+    (`attention.can_read_q_perm`), with no buffer for q's block-order copies: chunk c's copy is written into the
+    caller's output where chunk c + 1's heads will go (not written yet), the attention writes its block-order
+    output over that copy (each program reads its own query rows before it writes them), and one scatter puts it
+    into chunk c's heads (whose own region held chunk c - 1's copy, scattered already). The last chunk has no
+    region ahead: its attention reads the caller's query rows and writes its output rows through `fperm`. The
+    smallest chunk goes first, so every copy fits the region after it."""
+    B, H, T, D = q.shape
+    n_chunks = -(-H // hc)
+    sizes = [hc] * (n_chunks - 1) + [H - hc * (n_chunks - 1)]
+    sizes = sizes[-1:] + sizes[:-1]  # the smallest first
+    starts = [sum(sizes[:i]) for i in range(n_chunks)]
+    out = _output_like(q, out_bthd)
+    kvg = torch.empty((2, B, hc, T, D), device=q.device, dtype=q.dtype)
+    for c in range(n_chunks):
+        h0, h1 = starts[c], starts[c] + sizes[c]
+        kg, vg = kvg[0, :, :h1 - h0], kvg[1, :, :h1 - h0]
+        last = c == n_chunks - 1
+        qg = None if last else out[:, starts[c + 1]:starts[c + 1] + h1 - h0]
+        st = _stats.block_stats(q[:, h0:h1], k[:, h0:h1], v[:, h0:h1], cfg, perm=fperm, gathered=(qg, kg, vg))
+        idx, vbias = _stats.route(st, cfg, q.dtype, score_bytes=score_bytes)
+        if last:
+            attention(q[:, h0:h1], kg, vg, out[:, h0:h1], st, idx, vbias, cfg, perm=fperm, kv_perm=False, **kw)
+        else:
+            attention(qg, kg, vg, qg, st, idx, vbias, cfg, **kw)  # the output over the q copy
+        del st, idx, vbias
+        if not last:
+            _scatter_into(qg, perm, n_prefix, out[:, h0:h1])
+        del qg, kg, vg
+    return out
 
 
 def _scatter_into(x, perm, n_prefix, out):

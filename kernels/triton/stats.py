@@ -41,7 +41,7 @@ from .route import (bias_dtype, kernel_scratch_bytes, route, route_in_kernel, ro
 def _block_stats_kernel(
     Q, K, V, PERM,
     KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, FIN, QG, KG, VG,
-    sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t, sg_b, sg_h, sg_t,
+    sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t, sg_b, sg_h, sg_t, sgq_b, sgq_h, sgq_t,
     HC, T, N, G,
     D: tl.constexpr, DB: tl.constexpr, BS: tl.constexpr, NEED_PWT: tl.constexpr, NEED_V: tl.constexpr,
     NEED_FIN: tl.constexpr, HAS_PERM: tl.constexpr, PREFETCH: tl.constexpr, GATHER: tl.constexpr,
@@ -53,14 +53,15 @@ def _block_stats_kernel(
     finite. With PREFETCH the next block's tiles are loaded (into registers, in the input dtype) before this
     block's reductions run, so a program always has a load in flight (Triton's pipeliner does not stage loads
     that feed reductions rather than dots). With GATHER (and PERM) the tiles read through the permutation are
-    also written, in block order, to KG / VG (and QG with GATHER_Q): the Morton gather rides on the statistics'
-    read."""
+    also written, in block order, to KG / VG (strides sg_*) and QG with GATHER_Q (its own strides sgq_*: it
+    may be a region of another buffer): the Morton gather rides on the statistics' read."""
     NSPLIT: tl.constexpr = D // DB
     i_g, i_s, i_b, i_h, i_bh, o_d = _column_split(HC, D=D, DB=DB)
     p_q = Q + i_b * sq_b + i_h * sq_h
     p_k = K + i_b * sk_b + i_h * sk_h
     p_v = V + i_b * sv_b + i_h * sv_h
     o_g = i_b * sg_b + i_h * sg_h
+    o_gq = i_b * sgq_b + i_h * sgq_h
     j0 = i_g * G
     j1 = tl.minimum(j0 + G, N)
     if PREFETCH:
@@ -69,16 +70,16 @@ def _block_stats_kernel(
         for j in range(j0, j1):
             n_q, n_k, n_v = _stats_load(p_q, p_k, p_v, PERM, sq_t, sk_t, sv_t, T, j + 1, j + 1 < j1, o_d, BS=BS,
                                         NEED_V=NEED_V or GATHER, HAS_PERM=HAS_PERM)
-            _stats_write(b_q, b_k, b_v, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, FIN, QG, KG, VG, o_g, sg_t, T,
-                         N, j, i_bh, i_s, o_d, D=D, NSPLIT=NSPLIT, BS=BS, NEED_PWT=NEED_PWT, NEED_V=NEED_V,
+            _stats_write(b_q, b_k, b_v, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, FIN, QG, KG, VG, o_g, sg_t, o_gq,
+                         sgq_t, T, N, j, i_bh, i_s, o_d, D=D, NSPLIT=NSPLIT, BS=BS, NEED_PWT=NEED_PWT, NEED_V=NEED_V,
                          NEED_FIN=NEED_FIN, GATHER=GATHER, GATHER_Q=GATHER_Q)
             b_q, b_k, b_v = n_q, n_k, n_v
     else:
         for j in range(j0, j1):
             b_q, b_k, b_v = _stats_load(p_q, p_k, p_v, PERM, sq_t, sk_t, sv_t, T, j, True, o_d, BS=BS,
                                         NEED_V=NEED_V or GATHER, HAS_PERM=HAS_PERM)
-            _stats_write(b_q, b_k, b_v, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, FIN, QG, KG, VG, o_g, sg_t, T,
-                         N, j, i_bh, i_s, o_d, D=D, NSPLIT=NSPLIT, BS=BS, NEED_PWT=NEED_PWT, NEED_V=NEED_V,
+            _stats_write(b_q, b_k, b_v, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, FIN, QG, KG, VG, o_g, sg_t, o_gq,
+                         sgq_t, T, N, j, i_bh, i_s, o_d, D=D, NSPLIT=NSPLIT, BS=BS, NEED_PWT=NEED_PWT, NEED_V=NEED_V,
                          NEED_FIN=NEED_FIN, GATHER=GATHER, GATHER_Q=GATHER_Q)
 
 
@@ -99,9 +100,10 @@ def _stats_load(p_q, p_k, p_v, PERM, sq_t, sk_t, sv_t, T, j, ok, o_d, BS: tl.con
 
 
 @triton.jit
-def _stats_write(b_q, b_k, b_v, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, FIN, QG, KG, VG, o_g, sg_t, T, N, j,
-                 i_bh, i_s, o_d, D: tl.constexpr, NSPLIT: tl.constexpr, BS: tl.constexpr, NEED_PWT: tl.constexpr,
-                 NEED_V: tl.constexpr, NEED_FIN: tl.constexpr, GATHER: tl.constexpr, GATHER_Q: tl.constexpr):
+def _stats_write(b_q, b_k, b_v, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, FIN, QG, KG, VG, o_g, sg_t, o_gq, sgq_t,
+                 T, N, j, i_bh, i_s, o_d, D: tl.constexpr, NSPLIT: tl.constexpr, BS: tl.constexpr,
+                 NEED_PWT: tl.constexpr, NEED_V: tl.constexpr, NEED_FIN: tl.constexpr, GATHER: tl.constexpr,
+                 GATHER_Q: tl.constexpr):
     """Block j's statistics from its tiles (real token counts; padding rows are zeros); with GATHER the tiles
     themselves too, at their block-order rows."""
     o_t = j * BS + tl.arange(0, BS)
@@ -109,7 +111,7 @@ def _stats_write(b_q, b_k, b_v, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, FIN, Q
     if GATHER:
         p_g = o_g + o_t.to(tl.int64)[:, None] * sg_t + o_d[None, :]
         if GATHER_Q:
-            tl.store(QG + p_g, b_q, mask=m_t[:, None])
+            tl.store(QG + o_gq + o_t.to(tl.int64)[:, None] * sgq_t + o_d[None, :], b_q, mask=m_t[:, None])
         tl.store(KG + p_g, b_k, mask=m_t[:, None])
         tl.store(VG + p_g, b_v, mask=m_t[:, None])
     cnt = tl.minimum(T - j * BS, BS).to(tl.float32)
@@ -312,9 +314,10 @@ def block_stats(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None,
     """Statistics of [B, HC, T, D] views (any batch/head/token strides, unit last stride): programs over
     blocks, then (pisa / pwt / cov_bias) the H_j partial sums in a GEMM-like pass over K and V.
 
-    gathered: with `perm`, three [B, HC, T, D] outputs (unit last stride, one set of strides) that receive q, k
-    and v in block (permuted) order, the first may be None (q not copied: the Triton attention reads its rows
-    through the permutation); the H pass then reads the k, v copies without the permutation."""
+    gathered: with `perm`, three [B, HC, T, D] outputs (unit last stride; k's and v's with one set of strides, q's
+    with its own) that receive q, k and v in block (permuted) order, the first may be None (q not copied: the
+    Triton attention reads its rows through the permutation); the H pass then reads the k, v copies without the
+    permutation."""
     B, HC, T, D = q.shape
     bs = cfg.block_size
     n = -(-T // bs)
@@ -346,13 +349,14 @@ def block_stats(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None,
         if perm is None:
             raise ValueError("block_stats: gathered outputs need a perm")
         qg, kg, vg = gathered
-        if kg is None or vg is None or kg.stride(-1) != 1 or not all(
-                x is None or (x.shape == q.shape and x.stride() == kg.stride() and x.dtype == q.dtype)
-                for x in (qg, kg, vg)):
-            raise ValueError("block_stats: gathered outputs must match q's shape and dtype and share strides")
-        g_args = (kg if qg is None else qg, kg, vg, kg.stride(0), kg.stride(1), kg.stride(2))
+        if kg is None or vg is None or kg.stride(-1) != 1 or vg.stride() != kg.stride() or not all(
+                x is None or (x.shape == q.shape and x.stride(-1) == 1 and x.dtype == q.dtype) for x in (qg, kg, vg)):
+            raise ValueError("block_stats: gathered outputs must match q's shape and dtype (unit last stride), the "
+                             "k and v copies with one set of strides")
+        qs = kg.stride() if qg is None else qg.stride()
+        g_args = (kg if qg is None else qg, kg, vg, kg.stride(0), kg.stride(1), kg.stride(2), qs[0], qs[1], qs[2])
     else:
-        g_args = (q, k, v, 0, 0, 0)
+        g_args = (q, k, v, 0, 0, 0, 0, 0, 0)
     db = min(STATS_DB, D)
     nsplit = D // db
     fin = torch.empty(B, HC, n, nsplit, device=dev, dtype=torch.int32) if need_h and not fused else None

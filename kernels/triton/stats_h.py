@@ -107,8 +107,8 @@ def _exact_blocks(Q, K, V, PERM, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, p_vs,
     for j in tl.range(j0, j1, num_stages=1):
         b_q, b_k, b_v = _stats_load(p_q, p_k, p_v, PERM, sq_t, sk_t, sv_t, T, j, True, o_d, BS=BS, NEED_V=True,
                                     HAS_PERM=HAS_PERM)
-        _stats_write(b_q, b_k, b_v, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, KBAR, Q, K, V, 0, 0, T, N, j, i_bh,
-                     0, o_d, D=D, NSPLIT=1, BS=BS, NEED_PWT=NEED_PWT, NEED_V=True, NEED_FIN=False, GATHER=False,
+        _stats_write(b_q, b_k, b_v, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, KBAR, Q, K, V, 0, 0, 0, 0, T, N, j,
+                     i_bh, 0, o_d, D=D, NSPLIT=1, BS=BS, NEED_PWT=NEED_PWT, NEED_V=True, NEED_FIN=False, GATHER=False,
                      GATHER_Q=False)
         tl.store(p_vs + j * D + o_d, tl.sum(b_v.to(tl.float32), axis=0))
     tl.debug_barrier()  # the k-bar and value sums above, read back by other threads below
@@ -132,7 +132,7 @@ def _exact_blocks(Q, K, V, PERM, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, p_vs,
 @triton.jit
 def _stats_h_kernel(
     Q, K, V, PERM, ST32, LP, HPART, QG, KG, VG,
-    sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t, sg_b, sg_h, sg_t,
+    sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t, sg_b, sg_h, sg_t, sgq_b, sgq_h, sgq_t,
     HC, T, N, G, NPART, SROW,
     D: tl.constexpr, BS: tl.constexpr, NEED_PWT: tl.constexpr, HAS_PERM: tl.constexpr, GATHER: tl.constexpr,
     GATHER_Q: tl.constexpr, LOWP: tl.constexpr, PREC: tl.constexpr, STAGES: tl.constexpr,
@@ -153,6 +153,7 @@ def _stats_h_kernel(
     p_hs = HPART + (i_bh * NPART + i_g).to(tl.int64) * D * D  # this program's [D, D] partial
     p_vs = p_hs - j0 * D  # block j's value sums at p_vs + j D until the partial is stored
     o_g = i_b * sg_b + i_h * sg_h
+    o_gq = i_b * sgq_b + i_h * sgq_h  # QG's own strides (it may be a region of another buffer)
     o_m = tl.arange(0, BS)
     o_d = tl.arange(0, D)
     o_e = tl.arange(0, 16)
@@ -178,7 +179,7 @@ def _stats_h_kernel(
             p_gt = o_g + o_t.to(tl.int64)[:, None] * sg_t + o_d[None, :]
             m_gt = (o_t < T)[:, None]
             if GATHER_Q:
-                tl.store(QG + p_gt, b_q, mask=m_gt)
+                tl.store(QG + o_gq + o_t.to(tl.int64)[:, None] * sgq_t + o_d[None, :], b_q, mask=m_gt)
             tl.store(KG + p_gt, b_k, mask=m_gt)
             tl.store(VG + p_gt, b_v, mask=m_gt)
         if LOWP:
@@ -210,8 +211,8 @@ def _stats_h_kernel(
         b_q, b_k, b_v = _stats_load(p_q, p_k, p_v, PERM, sq_t, sk_t, sv_t, T, N - 1, True, o_d, BS=BS,
                                     NEED_V=True, HAS_PERM=HAS_PERM)
         # (its input-dtype k-bar and value mean come with the others' below)
-        _stats_write(b_q, b_k, b_v, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, KBAR, Q, K, V, 0, 0, T, N, N - 1,
-                     i_bh, 0, o_d, D=D, NSPLIT=1, BS=BS, NEED_PWT=NEED_PWT, NEED_V=False, NEED_FIN=False,
+        _stats_write(b_q, b_k, b_v, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, KBAR, Q, K, V, 0, 0, 0, 0, T, N,
+                     N - 1, i_bh, 0, o_d, D=D, NSPLIT=1, BS=BS, NEED_PWT=NEED_PWT, NEED_V=False, NEED_FIN=False,
                      GATHER=False, GATHER_Q=False)
         tl.store(p_vs + (N - 1) * D + o_d, tl.sum(b_v.to(tl.float32), axis=0))
     # this program's k-bar and value sums, written above by other threads, are read back below: sum_j kbar_j (x)
