@@ -114,6 +114,7 @@ def test_morton_copies_only_k_v_in_head_chunks_under_their_budget(res):
     assert r["real_hc"] == real and r["real_hc_3copies"] == real, (r["real_hc"], r["real_hc_3copies"])
     # the default budget halves from 512 MiB of q on (kernels.triton.MORTON_LARGE_BYTES): 720p in 4 chunks
     assert r["default_hc"] == {**real, "wan14_720p": 10}, r["default_hc"]
+    assert r["roll_hc"] == {**real, "wan14_480p": 14, "wan14_720p": 10}, r["roll_hc"]
 
 
 def test_custom_op_schema_and_fake_tensor(res):

@@ -591,6 +591,16 @@ def _():
     out["default_hc"] = {name: kt._even_chunks(s[1], kt._copy_heads(meta(*s), 2)) for name, s in
                          (("wan14_480p", (1, 40, 32760, 128)), ("wan14_720p", (1, 40, 75600, 128)),
                           ("wan13_480p", (1, 12, 32760, 128)), ("flux_1024", (1, 24, 4608, 128)))}
+    # the rolled chunks (PSA_MORTON_ROLL, PSA_MORTON_SCRATCH unset): the k, v copies under 0.75x q, so 480p in 3
+    # chunks of 14 heads, 720p in 4 as the others, the smaller ones in one
+    scratch0 = os.environ.pop("PSA_MORTON_SCRATCH", None)
+    try:
+        out["roll_hc"] = {name: kt._roll_heads(meta(*s), s[1]) for name, s in
+                          (("wan14_480p", (1, 40, 32760, 128)), ("wan14_720p", (1, 40, 75600, 128)),
+                           ("wan13_480p", (1, 12, 32760, 128)), ("flux_1024", (1, 24, 4608, 128)))}
+    finally:
+        if scratch0 is not None:
+            os.environ["PSA_MORTON_SCRATCH"] = scratch0
     # the three copies of an attention without a permutation: both limits x 1.5, so the same chunks
     out["real_hc_3copies"] = {
         name: kt._even_chunks(s[1], kt._copy_heads(meta(*s), 3, 1.5, int(1.5 * kt.MORTON_FLOOR))) for name, s in

@@ -322,8 +322,10 @@ def _forward_gathered(q, k, v, cfg, perm, fperm, n_prefix, config, scratch, atte
     # directly (no scatter pass); else its block-order output goes over the q copy
     writes = getattr(attention, "writes_out_perm", None)
     direct = writes is not None and writes()
-    if not direct and hc < H and getattr(attention, "can_read_q_perm", False) and _morton_roll():
-        return _forward_rolled(q, k, v, cfg, perm, fperm, n_prefix, hc, score_bytes, attention, kw, out_bthd)
+    if not direct and getattr(attention, "can_read_q_perm", False) and _morton_roll():
+        hr = _roll_heads(q, hc)
+        if hr < H:
+            return _forward_rolled(q, k, v, cfg, perm, fperm, n_prefix, hr, score_bytes, attention, kw, out_bthd)
     # in one chunk the output is allocated only after the statistics are freed (the peak is the head loop's,
     # copies + scratch, or the copies + the output at the scatter, never both); chunks scatter as they go
     out = _output_like(q, out_bthd) if direct or hc < H else None
@@ -349,13 +351,25 @@ def _forward_gathered(q, k, v, cfg, perm, fperm, n_prefix, config, scratch, atte
 # PSA_MORTON_ROLL (default off until measured on the H200): an attention that takes no permutation (CuTe's) but can
 # be asked to read q through it, in head chunks, gets its q copies in the caller's output instead of a buffer of
 # their own (_forward_rolled): the Morton copies' peak falls from 3 to 2 chunk copies + the statistics (Wan2.1-14B
-# 480p at the default budget: 1.74x -> ~1.24x q by arithmetic; 3 chunks, PSA_MORTON_SCRATCH=0.75: ~0.9x)
+# 480p at 2 chunks: 1.74x -> ~1.24x q by arithmetic; in the 3 chunks _roll_heads gives it: ~0.9x)
 MORTON_ROLL = False
+# the rolled chunks' k, v copies stay under this x q at most (below the default budget, unless PSA_MORTON_SCRATCH is
+# set): Wan2.1-14B 480p in 3 chunks of 14/14/12 heads, 0.7x q of copies (2 chunks: 1.0x), 720p in 4 as before
+MORTON_ROLL_FRAC = 0.75
 
 
 def _morton_roll() -> bool:
     v = os.environ.get("PSA_MORTON_ROLL", "").strip()
     return MORTON_ROLL if v == "" else v != "0"
+
+
+def _roll_heads(q, hc: int) -> int:
+    """Heads per rolled chunk: at most `hc` (the unrolled chunks'), and the two k, v copies under MORTON_ROLL_FRAC x
+    q when PSA_MORTON_SCRATCH is not set (set, its budget alone, as for the other paths)."""
+    frac = None
+    if not os.environ.get("PSA_MORTON_SCRATCH", "").strip():
+        frac = min(_morton_fraction(q.numel() * q.element_size()), MORTON_ROLL_FRAC)
+    return _even_chunks(q.shape[1], min(hc, _copy_heads(q, 2, frac)))
 
 
 def _forward_rolled(q, k, v, cfg, perm, fperm, n_prefix, hc, score_bytes, attention, kw, out_bthd):
