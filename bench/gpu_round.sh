@@ -588,6 +588,12 @@ A16)  # session 16, first call (carry .carry/cs1): the rolled Morton head chunks
             python bench/probes/switch_ab.py PSA_MORTON_ROLL > "$OUT/switch_morton_roll${frac}.txt" 2>&1
         log "switch_morton_roll${frac} rc=$? $(grep -v RESULT "$OUT/switch_morton_roll${frac}.txt" | cut -c1-900)"
     done
+    # the Morton budget at 1 against 0.75 as the node calls it, both backends (CuTe rolled), raster as the yardstick:
+    # whether 480p's default budget should fall to 0.75 for the Triton backend too (1.29x -> 0.93x q in session 10)
+    log "budget sweep, rolled"
+    PSA_MORTON_ROLL=1 PROBE_BACKENDS=cute,triton PROBE_RASTER=1 timeout -k 10 150 \
+        python bench/probes/cute_out_perm.py PSA_MORTON_SCRATCH 1 0.75 > "$OUT/morton_budget_roll.txt" 2>&1
+    log "morton_budget_roll rc=$? $(tail -1 "$OUT/morton_budget_roll.txt" | cut -c1-1500)"
     PSA_MORTON_ROLL=1 run_tests roll 200 tests/test_cute_gpu.py tests/test_cute_pair_gpu.py tests/test_graphs_gpu.py
     log "pytest backward"
     timeout $((585 - SECONDS)) python -m pytest -q -p no:cacheprovider -n 2 -m gpu tests/test_backward_gpu.py \
