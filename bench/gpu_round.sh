@@ -580,7 +580,9 @@ E15)  # session 15, last call (carry .carry/cs1): the backward GPU tests (their 
 A16)  # session 16, first call (carry .carry/cs1): the rolled Morton head chunks (PSA_MORTON_ROLL, built in session 16 on
     # the CPU: CuTe's q copies in the caller's output ahead of their chunk) against the default, time and peak memory,
     # at the default budget (480p: rolled in 3 chunks against 2 unrolled: what the switch would change) and at
-    # PSA_MORTON_SCRATCH=0.75 (3 chunks both: the roll's own cost); the CuTe GPU tests with it on; E15's backward tests
+    # PSA_MORTON_SCRATCH=0.75 (3 chunks both: the roll's own cost); the CuTe GPU tests with it on; E15's backward tests.
+    # Rule set before the run: MORTON_ROLL goes on when its 480p peak is <= 1x q, its time (medians, as the node calls
+    # it) within 3% of the unrolled default's at 480p and 720p, its output within 2.4e-4 and its tests all pass
     python -c "import cutlass.cute" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: Triton only"
     for frac in "" 0.75; do
         log "switch_ab PSA_MORTON_ROLL scratch=${frac:-default}"
