@@ -171,6 +171,12 @@ def pieces(label, pkg, backends, q, k, v, density, bw, out):
             kcf = importlib.import_module(f"{pkg}.cute.fwd")
             timed(d, "attn_cute_drop_ms", lambda: kcf.attention(q, k, v, outb, st, idx, None, cdrop))
             timed(d, "attn_cute_pwt_ms", lambda: kcf.attention(q, k, v, outb, st, idx, vbias, cpwt))
+            if "probe" in inspect.signature(kcf.attention).parameters:
+                # the pwt build (the pair kernel from 512 blocks on) without its virtual tiles (wrong outputs,
+                # timing only): pwt - this = the virtual tiles inside that kernel, this - drop = what the pwt
+                # build's exact part costs over the drop kernel's
+                timed(d, "attn_cute_pwt_novt_ms",
+                      lambda: kcf.attention(q, k, v, outb, st, idx, vbias, cpwt, probe="novt"))
             if "q_rs" in inspect.signature(kcf.attention).parameters:
                 psw.cute_qrs(d, kcf, q, k, v, st, idx, vbias, cdrop, cpwt)
         except Exception as e:
@@ -198,6 +204,10 @@ def pieces(label, pkg, backends, q, k, v, density, bw, out):
             d[f"virtual_{be}_ms"] = b - a
             d[f"exact_{be}_TFLOPs"] = d["exact_tflop"] / a * 1e3
             d[f"exact_{be}_l2_TBps"] = d["exact_l2_gb"] / a
+    a, b, c = d.get("attn_cute_drop_ms"), d.get("attn_cute_pwt_novt_ms"), d.get("attn_cute_pwt_ms")
+    if all(isinstance(x, float) for x in (a, b, c)):
+        d["virtual_cute_in_kernel_ms"] = c - b
+        d["pwt_exact_over_drop_cute_ms"] = b - a
     sync()
     empty()
     say(label, {k2: v2 for k2, v2 in d.items() if not k2.startswith("profile")})
@@ -433,6 +443,12 @@ def write_md(res: dict, path: Path) -> None:
             rate = n.get(f"exact_{be}_TFLOPs")
             row(f"virtual tokens = pwt - drop ({be})", f"virtual_{be}_ms",
                 vt / rate * 1e3 if isinstance(vt, float) and isinstance(rate, float) else None)
+            if be == "cute":
+                row("  of which the virtual tiles in the pwt kernel = pwt - its build without them (cute)",
+                    "virtual_cute_in_kernel_ms",
+                    vt / rate * 1e3 if isinstance(vt, float) and isinstance(rate, float) else None)
+                row("  of which the pwt kernel's exact part over the drop kernel's (cute)",
+                    "pwt_exact_over_drop_cute_ms", None)
             row(f"full operator pwt ({be})", f"full_{be}_pwt_ms", None)
             row(f"full operator drop ({be})", f"full_{be}_drop_ms", None)
         for be in ("triton", "cute"):
