@@ -20,7 +20,8 @@
 # Session 14: A14 (no carry; the statistics loop), then C14 (carry [".carry/cs1"]); a third call got no time.
 # Session 15: A15 (carry [".carry/cs1"]: every GPU test on session 14's final commit, the statistics, L), B15 (the
 # same carry: three builds behind switches, all slower, removed), C15 (the same carry: break-even table, DiT step), D15 (the node's speed-up curve), E15 (the
-# backward GPU tests). Session 16: A16 (the same carry: the rolled Morton head chunks, the backward tests).
+# backward GPU tests). Session 16 (no device time) added A16 and B16 (the same carry: the rolled Morton head chunks, the peeled
+# virtual loop, the Morton budget on both backends, the backward tests).
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
 # times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
@@ -577,26 +578,40 @@ E15)  # session 15, last call (carry .carry/cs1): the backward GPU tests (their 
     timeout 240 python -m pytest -q -p no:cacheprovider -n 2 -m gpu tests/test_backward_gpu.py > "$OUT/tests_bwd.log" 2>&1
     log "pytest backward rc=$? $(tail -1 "$OUT/tests_bwd.log")"
     ;;
-A16)  # session 16, first call (carry .carry/cs1): the rolled Morton head chunks (PSA_MORTON_ROLL, built in session 16 on
-    # the CPU: CuTe's q copies in the caller's output ahead of their chunk) against the default, time and peak memory,
-    # at the default budget (480p: rolled in 3 chunks against 2 unrolled: what the switch would change) and at
-    # PSA_MORTON_SCRATCH=0.75 (3 chunks both: the roll's own cost); the CuTe GPU tests with it on; E15's backward tests.
-    # Rule set before the run: MORTON_ROLL goes on when its 480p peak is <= 1x q, its time (medians, as the node calls
-    # it) within 3% of the unrolled default's at 480p and 720p, its output within 2.4e-4 and its tests all pass
+A16)  # session 16, first call (carry .carry/cs1): two builds of session 16, made on the CPU, each against the default in
+    # one process. (1) The rolled Morton head chunks (PSA_MORTON_ROLL: CuTe's q copies in the caller's output ahead of
+    # their chunk), time and peak memory at the default budget (480p: rolled in 3 chunks against 2 unrolled: what the
+    # switch would change). Rule set before the run: MORTON_ROLL goes on when its 480p peak is <= 1x q, its time
+    # (medians, as the node calls it) within 3% of the unrolled default's at 480p and 720p, its output within 2.4e-4
+    # and its tests all pass. (2) The pair kernel's peeled virtual loop (PSA_CUTE_VT_PEEL: every virtual tile but the
+    # last without per-column bounds or counts; 632 -> 448 SASS instructions per tile). Rule: VT_PEEL goes on when it
+    # is faster at 480p and 720p in the medians, raster and node layout, and its tests pass. Then the CuTe, pair and
+    # graph GPU tests with the roll on (the pair file holds the peel's own test)
     python -c "import cutlass.cute" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: Triton only"
-    for frac in "" 0.75; do
-        log "switch_ab PSA_MORTON_ROLL scratch=${frac:-default}"
-        PSA_MORTON_SCRATCH=$frac PROBE_BACKENDS=cute PROBE_SHAPES=wan14,wan14_720 timeout -k 10 150 \
-            python bench/probes/switch_ab.py PSA_MORTON_ROLL > "$OUT/switch_morton_roll${frac}.txt" 2>&1
-        log "switch_morton_roll${frac} rc=$? $(grep -v RESULT "$OUT/switch_morton_roll${frac}.txt" | cut -c1-900)"
-    done
-    # the Morton budget at 1 against 0.75 as the node calls it, both backends (CuTe rolled), raster as the yardstick:
-    # whether 480p's default budget should fall to 0.75 for the Triton backend too (1.29x -> 0.93x q in session 10)
+    log "switch_ab PSA_MORTON_ROLL"
+    PROBE_BACKENDS=cute PROBE_SHAPES=wan14,wan14_720 timeout -k 10 150 \
+        python bench/probes/switch_ab.py PSA_MORTON_ROLL > "$OUT/switch_morton_roll.txt" 2>&1
+    log "switch_morton_roll rc=$? $(grep -v RESULT "$OUT/switch_morton_roll.txt" | cut -c1-900)"
+    log "switch_ab PSA_CUTE_VT_PEEL"
+    PROBE_BACKENDS=cute PROBE_SHAPES=wan14,wan14_raster,wan14_720 timeout -k 10 150 \
+        python bench/probes/switch_ab.py PSA_CUTE_VT_PEEL > "$OUT/switch_vt_peel.txt" 2>&1
+    log "switch_vt_peel rc=$? $(grep -v RESULT "$OUT/switch_vt_peel.txt" | cut -c1-900)"
+    PSA_MORTON_ROLL=1 run_tests roll $((585 - SECONDS)) tests/test_cute_gpu.py tests/test_cute_pair_gpu.py \
+        tests/test_graphs_gpu.py
+    ;;
+B16)  # session 16, second call (carry .carry/cs1): the roll's own cost (3 chunks both ways at PSA_MORTON_SCRATCH=0.75),
+    # the Morton budget at 1 against 0.75 as the node calls it on both backends (CuTe rolled; raster as the yardstick:
+    # whether 480p's default budget should fall to 0.75 for the Triton backend too, 1.29x -> 0.93x q in session 10),
+    # then E15's backward tests in 2 workers
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: Triton only"
+    log "switch_ab PSA_MORTON_ROLL scratch=0.75"
+    PSA_MORTON_SCRATCH=0.75 PROBE_BACKENDS=cute PROBE_SHAPES=wan14,wan14_720 timeout -k 10 150 \
+        python bench/probes/switch_ab.py PSA_MORTON_ROLL > "$OUT/switch_morton_roll0.75.txt" 2>&1
+    log "switch_morton_roll0.75 rc=$? $(grep -v RESULT "$OUT/switch_morton_roll0.75.txt" | cut -c1-900)"
     log "budget sweep, rolled"
     PSA_MORTON_ROLL=1 PROBE_BACKENDS=cute,triton PROBE_RASTER=1 timeout -k 10 150 \
         python bench/probes/cute_out_perm.py PSA_MORTON_SCRATCH 1 0.75 > "$OUT/morton_budget_roll.txt" 2>&1
     log "morton_budget_roll rc=$? $(tail -1 "$OUT/morton_budget_roll.txt" | cut -c1-1500)"
-    PSA_MORTON_ROLL=1 run_tests roll 200 tests/test_cute_gpu.py tests/test_cute_pair_gpu.py tests/test_graphs_gpu.py
     log "pytest backward"
     timeout $((585 - SECONDS)) python -m pytest -q -p no:cacheprovider -n 2 -m gpu tests/test_backward_gpu.py \
         > "$OUT/tests_bwd.log" 2>&1

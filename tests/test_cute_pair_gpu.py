@@ -253,3 +253,23 @@ def test_pair_reads_the_query_rows_through_the_permutation(share, monkeypatch):
     assert torch.isfinite(out).all() and out.stride() == base.stride()
     assert rel(out, base) <= 1e-5, rel(out, base)
     assert any(key[8] and key[-1] for key in CF._compiled), list(CF._compiled)  # the pair build with q_perm ran
+
+
+# PSA_CUTE_VT_PEEL: every virtual tile but the last as whole blocks (log2(64) in the bias, no counts), the last one
+# after the loop as before. T 8256: 129 blocks (the last tile holds one whole block), 9000: 141 (the last block 40
+# tokens), 12288: 192 (three tiles of whole blocks); density 0.5: most columns of a tile exact (-inf in the bias)
+@pytest.mark.parametrize("variant", ["pwt", "pisa"])
+@pytest.mark.parametrize("T, density", [(8256, 0.125), (9000, 0.125), (12288, 0.125), (9000, 0.5)])
+def test_pair_peeled_virtual_loop(variant, T, density, monkeypatch):
+    q, k, v = (rnd((1, 2, T, 128), seed=140 + s) for s in range(3))
+    cfg = cfg_of(128, density, variant)
+    monkeypatch.setenv("PSA_CUTE_RECIP_STORE", "0")
+    r, ref = float64_reference(q, k, v, cfg)
+    monkeypatch.setenv("PSA_CUTE_VT_PEEL", "0")
+    base = _run(q, k, v, cfg, r, monkeypatch, True)
+    monkeypatch.setenv("PSA_CUTE_VT_PEEL", "1")
+    peel = _run(q, k, v, cfg, r, monkeypatch, True)
+    assert torch.isfinite(peel).all()
+    # the same terms; only the rounding of log2(64) in the exponent and of the first-order weight differ
+    assert rel(peel, base) <= 1e-4, f"peeled vs plain virtual loop: rel L2 {rel(peel, base):.2e}"
+    assert rel(peel, ref) <= REF_TOL, f"peeled virtual loop vs float64 reference: rel L2 {rel(peel, ref):.2e}"

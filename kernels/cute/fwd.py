@@ -117,6 +117,11 @@ PAIR_SHARE_MAX_SEL = 256  # both lists in its shared memory (2 KiB); longer ones
 # diff 0), peak 1.79x -> 1.29x q, but 480p 8.23 vs 7.97 ms (+3%; the gathered query loads), 720p 39.14 vs 39.24: off
 PAIR_Q_PERM = False
 PAIR_VT_STAGES = 3  # its shared virtual-tile stages (cute_pair.py, session 7: 3 fastest at 720p, 2-4 equal at 480p)
+# the pair build's virtual loop with every tile but the last as whole blocks: log2(64) in the bias, no per-column
+# bounds, counts or second sum (fwd_pair.py vt_peel; the last tile after the loop, as before). Its sm_90a loop body
+# 632 -> ~450 instructions; session 15's fold (the same idea behind a runtime branch inside the loop) compiled to 849
+# and measured slower. Built in session 16 on the CPU, off until timed on the H200. PSA_CUTE_VT_PEEL=1/0 overrides
+VT_PEEL = False
 
 
 class PiecewiseSparseFwdSm90(TileOps):
@@ -560,13 +565,14 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
     elif probe and not pair:
         raise ValueError("cute backend: timing probes run on the pair build only")
     recip = pair and (_env_flag("PSA_CUTE_RECIP_STORE", RECIP_STORE) if recip is None else bool(recip))
+    vt_peel = pair and probe == "" and _env_flag("PSA_CUTE_VT_PEEL", VT_PEEL)
     share = pair and (_env_flag("PSA_CUTE_PAIR_SHARE", PAIR_SHARE) if share is None else bool(share))
     if share and idx.shape[-1] > PAIR_SHARE_MAX_SEL:
         log_once("cute:share_max_sel", "piecewise_sparse_attention: cute pair kernel: %d routed blocks per list "
                  "exceed the shared exact pipeline's %d: a pipeline per list", idx.shape[-1], PAIR_SHARE_MAX_SEL)
         share = False
     key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm, vt_stages, probe, recip, share,
-           bool(q_perm))
+           bool(q_perm), vt_peel)
     args = [_cute(x) for x in (q, k, v, out, kb, vm, hb)]
     args += [from_dlpack(vb.detach(), assumed_align=vb.element_size()).mark_layout_dynamic(leading_dim=3),
              from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3),
@@ -583,7 +589,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
                 if pair:
                     from .fwd_pair import PairFwdSm90
 
-                    kern = PairFwdSm90(stages, vt_stages, D, probe, recip, share, bool(q_perm))
+                    kern = PairFwdSm90(stages, vt_stages, D, probe, recip, share, bool(q_perm), vt_peel)
                 else:
                     kern = PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2, bias_pf, out_perm, bool(q_perm))
                 fn = cute.compile(kern, *args, *scal, stream)

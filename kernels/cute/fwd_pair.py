@@ -108,7 +108,7 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
     """pisa / pwt only; compile-time configuration: exact stages per consumer, shared virtual stages."""
 
     def __init__(self, kv_stages: int = KV_STAGES, vt_stages: int = VT_STAGES, head_dim: int = 128, probe: str = "",
-                 recip_store: bool = False, share: bool = False, q_perm: bool = False):
+                 recip_store: bool = False, share: bool = False, q_perm: bool = False, vt_peel: bool = False):
         # q_perm (Morton): query row t read from row mPerm[t] of the caller's q into the consumer's registers (no TMA,
         # no block-order copy of q) and the output written through mPerm (fwd.py's q_perm)
         super().__init__(True, kv_stages, head_dim, q_rs=True, out_perm=q_perm, q_perm=q_perm)
@@ -125,6 +125,9 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
         # "nohbar" (the first-order GEMM skipped, its tiles still waited for)
         assert probe in ("", "nobias", "asexact", "nohbar")
         self.probe = probe
+        # every virtual tile but the last without per-column bounds and counts (log2(BS) in the bias), the last one
+        # as before, after the loop (fwd.VT_PEEL)
+        self.vt_peel = vt_peel and probe == ""
         self.threads = 384
         self.regs_producer = 24
         self.regs_consumer = 240
@@ -161,6 +164,32 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
                     sQ_layout, sK_layout, sV_layout, sKp_layout, sVp_layout).launch(
             grid=[(n_q + 1) // 2, mQ4.shape[1], mQ4.shape[0]], block=[self.threads, 1, 1], stream=stream,
             min_blocks_per_mp=1)
+
+    @cute.jit
+    def _virtual_step(self, qk_mma, pv_mma, acc_s, acc_o, tOrP, sQi, tSrKp, tOrVp, row_max, row_sum, row_g,
+                      scale_log2, alpha, bias, cnt, bias_h, vrow, tScS, n_vt, n_kv, n_last, rem, kh, vh, tv,
+                      full: cutlass.Constexpr):
+        """One step of the virtual loop (k-bar tile tv in `kh`, the previous tile's value means in `vh`, both
+        waited for): S of tile tv beside P V of tile tv - 1, then tile tv's softmax; its bias was fetched a step
+        earlier, tile tv + 1's is fetched here. `full` (vt_peel, every tile but the last): whole blocks below the
+        last one, so no per-column bounds, counts or second sum (_bias_full, tile_ops._online_softmax)."""
+        self._issue_ss(qk_mma, acc_s, sQi, tSrKp[(None, None, None, kh.index)])
+        self._issue_rs(pv_mma, acc_o, tOrP, tOrVp[(None, None, None, vh.index)])
+        if cutlass.const_expr(full):
+            self._bias_full(bias, bias_h)
+            self._bias_fetch(bias_h, vrow, tScS, tv + 1, n_kv)  # tile tv + 1 exists: tv is not the last
+        else:
+            self._bias_use(bias, cnt, bias_h, tScS, tv, n_kv, n_last)
+            if tv + 1 < n_vt:
+                self._bias_fetch(bias_h, vrow, tScS, tv + 1, n_kv)
+        warpgroup.wait_group(1)
+        kh.release()
+        self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
+                           self.probe != "asexact", False, rem, False, full)
+        warpgroup.wait_group(0)
+        vh.release()
+        self._rescale_o(acc_o, alpha)
+        self._to_p(acc_s, tOrP)
 
     @cute.jit
     def _bias_fetch(self, bias_h, vrow, tScS, t, n_kv):
@@ -516,23 +545,22 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
                         self._to_p(acc_s, tOrP)
                         if cutlass.const_expr(self.share):  # the other list's tiles after this one's last
                             kv_cons = self._pass(kv_cons, n_o - jo)
-                    for u in cutlass.range(n_valid + 1, n_tiles, unroll=1):
-                        vh = vp_cons.wait_and_advance()
-                        kh = vp_cons.wait_and_advance()
-                        self._issue_ss(qk_mma, acc_s, sQi, tSrKp[(None, None, None, kh.index)])
-                        self._issue_rs(pv_mma, acc_o, tOrP, tOrVp[(None, None, None, vh.index)])
-                        tv = u - n_valid
-                        self._bias_use(bias, cnt, bias_h, tScS, tv, n_kv, n_last)
-                        if tv + 1 < n_vt:
-                            self._bias_fetch(bias_h, vrow, tScS, tv + 1, n_kv)
-                        warpgroup.wait_group(1)
-                        kh.release()
-                        self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt,
-                                           tScS, self.probe != "asexact", False, rem, False)
-                        warpgroup.wait_group(0)
-                        vh.release()
-                        self._rescale_o(acc_o, alpha)
-                        self._to_p(acc_s, tOrP)
+                    vargs = (qk_mma, pv_mma, acc_s, acc_o, tOrP, sQi, tSrKp, tOrVp, row_max, row_sum, row_g,
+                             scale_log2, alpha, bias, cnt, bias_h, vrow, tScS, n_vt, n_kv, n_last, rem)
+                    if cutlass.const_expr(self.vt_peel):  # whole-block tiles in the loop, the last one after it
+                        for u in cutlass.range(n_valid + 1, n_tiles - 1, unroll=1):
+                            vh = vp_cons.wait_and_advance()
+                            kh = vp_cons.wait_and_advance()
+                            self._virtual_step(*vargs, kh, vh, u - n_valid, True)
+                        if n_tiles - 1 > n_valid:
+                            vh = vp_cons.wait_and_advance()
+                            kh = vp_cons.wait_and_advance()
+                            self._virtual_step(*vargs, kh, vh, n_tiles - 1 - n_valid, False)
+                    else:
+                        for u in cutlass.range(n_valid + 1, n_tiles, unroll=1):
+                            vh = vp_cons.wait_and_advance()
+                            kh = vp_cons.wait_and_advance()
+                            self._virtual_step(*vargs, kh, vh, u - n_valid, False)
                     vhl = vp_cons.wait_and_advance()
                     self._issue_rs(pv_mma, acc_o, tOrP, tOrVp[(None, None, None, vhl.index)])
                     warpgroup.wait_group(0)

@@ -22,6 +22,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 BS = 64  # query rows per CTA = tokens per routing block
 LOG2E = 1.4426950408889634
+LOG2_BS = 6.0  # log2(BS): a whole block's token count, folded into a virtual logit (fwd_pair.py vt_peel)
 
 
 class TileOps:
@@ -70,6 +71,14 @@ class TileOps:
                     n = n_last
             bias[c] = b
             cnt[c] = n
+
+    @cute.jit
+    def _bias_full(self, bias, bias_h):
+        """The bias of a virtual tile of whole blocks, none of them the last one (fwd_pair.py vt_peel: every tile
+        but the last), from the fetched float16 values: log2 units with log2(BS) added, so P comes out as a whole
+        block's mass with no per-column count (-inf, an exact block, stays -inf)."""
+        for c in cutlass.range_constexpr(cute.size(bias)):
+            bias[c] = bias_h[c].to(cutlass.Float32) * LOG2E + LOG2_BS
 
     @cute.jit
     def _load_q_rows(self, sQi, mQ, mPerm, qk_thr, i_q, T, hb):
@@ -160,15 +169,16 @@ class TileOps:
 
     @cute.jit
     def _softmax_tile(self, acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, is_virtual,
-                      is_tail, rem, rescale_o: cutlass.Constexpr):
+                      is_tail, rem, rescale_o: cutlass.Constexpr, full: cutlass.Constexpr = False):
         """The online softmax of one tile: an exact tile (partial last block masked) or, for pisa/pwt, a
         virtual one (logits scaled into log2 units, the per-column bias added, P weighted by the token
-        counts)."""
+        counts; `full`: a tile of whole blocks whose bias carries log2(BS), see _bias_full)."""
         if cutlass.const_expr(self.approx):
             if is_virtual:
                 for e in cutlass.range_constexpr(cute.size(acc_s)):
                     acc_s[e] = acc_s[e] * scale_log2 + bias[self._col_slot_e(e)]
-                self._online_softmax(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, True, cnt, alpha, rescale_o)
+                self._online_softmax(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, True, cnt, alpha, rescale_o,
+                                     full)
             else:
                 self._mask_tail(acc_s, tScS, is_tail, rem)
                 self._online_softmax(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, False, None, alpha,
@@ -204,11 +214,13 @@ class TileOps:
 
     @cute.jit
     def _online_softmax(self, acc_s, acc_o, row_max, row_sum, row_g, scale_log2, virtual: cutlass.Constexpr,
-                        cnt, alpha, rescale_o: cutlass.Constexpr):
+                        cnt, alpha, rescale_o: cutlass.Constexpr, full: cutlass.Constexpr = False):
         """acc_s holds raw scores (exact tile) or log2-unit logits (virtual tile); on return it holds P (times
         the token counts for virtual tiles: cnt, per column slot) and `alpha` the per-row rescale of the old
         mass. Rescales the running sums now, and the output accumulator now or (rescale_o=False: a P V product
-        still in flight on the tensor cores) later through `_rescale_o`."""
+        still in flight on the tensor cores) later through `_rescale_o`. `full` (a virtual tile of whole blocks,
+        log2(BS) in its logits): P = BS e(s-hat) is the mass already, and the first-order weight sum_U e(s-hat)
+        is the row's sum / BS, exactly (no counts, no second sum)."""
         n_rows = 2
         new_max = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
         for r in cutlass.range_constexpr(n_rows):
@@ -247,6 +259,10 @@ class TileOps:
                 p = cute.math.exp2(acc_s[e] * scale_log2 - new_max[r], fastmath=True)
                 psum[r] = psum[r] + p
                 acc_s[e] = p
+            elif cutlass.const_expr(full):
+                p = cute.math.exp2(acc_s[e] - new_max[r], fastmath=True)
+                psum[r] = psum[r] + p
+                acc_s[e] = p
             else:
                 p = cute.math.exp2(acc_s[e] - new_max[r], fastmath=True)
                 gsum[r] = gsum[r] + p
@@ -255,7 +271,9 @@ class TileOps:
                 acc_s[e] = pn
         for r in cutlass.range_constexpr(n_rows):
             row_sum[r] = row_sum[r] * alpha[r] + psum[r]
-            if cutlass.const_expr(virtual):
+            if cutlass.const_expr(virtual and full):
+                row_g[r] = row_g[r] * alpha[r] + psum[r] * (1.0 / BS)
+            elif cutlass.const_expr(virtual):
                 row_g[r] = row_g[r] * alpha[r] + gsum[r]
             else:
                 row_g[r] = row_g[r] * alpha[r]
