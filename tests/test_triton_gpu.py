@@ -224,3 +224,37 @@ def test_one_pass_statistics_as_accurate_as_two_passes(dtype, layout, monkeypatc
     e1, e2 = rel(one.hbar, ref.hbar), rel(two.hbar, ref.hbar)
     assert e1 <= max(e2, 1e-4), ("hbar", e1, e2)
     assert rel(one.vmean_lp, ref.vsum / ref.counts[:, None]) <= 2 * rel(two.vmean_lp, ref.vsum / ref.counts[:, None])
+
+
+# PSA_TRITON_VT_PEEL: the virtual tiles of whole blocks below the last one in a loop of their own (no masks, no counts)
+# at real sizes, through the autotuned configs (TMA and pointer loads), fp16 included, and on the Morton path as the node
+# calls it (k, v copies through TMA)
+@pytest.mark.parametrize("variant", ["pwt", "pisa"])
+@pytest.mark.parametrize("shape, dtype", [((1, 4, 32760, 128), torch.bfloat16), ((2, 2, 4999, 128), torch.bfloat16),
+                                          ((1, 3, 9000, 64), torch.float16)], ids=["480p_bf16", "B2_bf16", "fp16_D64"])
+def test_peeled_virtual_loop(variant, shape, dtype, monkeypatch):
+    from kernels import triton as kt
+    q, k, v = (rnd(shape, dtype, seed=160 + s) for s in range(3))
+    cfg = cfg_of(shape[-1], 0.125, variant)
+    r, ref = float64_reference(q, k, v, cfg)
+    monkeypatch.setenv("PSA_TRITON_VT_PEEL", "0")
+    plain = kt.forward_with_routing(q, k, v, cfg, r)
+    monkeypatch.setenv("PSA_TRITON_VT_PEEL", "1")
+    peel = kt.forward_with_routing(q, k, v, cfg, r)
+    assert torch.isfinite(peel).all()
+    assert rel(peel, plain) <= 1e-4, f"peeled vs plain virtual loop: rel L2 {rel(peel, plain):.2e}"
+    assert rel(peel, ref) <= REL_TOL[dtype], f"peeled virtual loop vs float64: rel L2 {rel(peel, ref):.2e}"
+
+
+def test_peeled_virtual_loop_on_the_morton_path(monkeypatch):
+    from kernels import piecewise_sparse_attention as psa
+    B, H, D = MORTON_BHD
+    q, k, v = node_layout_qkv(B, MORTON_PREFIX + math.prod(MORTON_GRID), H, D, seed=170)  # 122 blocks: one whole tile
+    kw = dict(density=0.125, variant="pwt", reorder="morton", grid=MORTON_GRID, n_prefix=MORTON_PREFIX,
+              backend="triton", on_failure="raise")
+    monkeypatch.setenv("PSA_CUDA_GRAPHS", "0")
+    monkeypatch.setenv("PSA_TRITON_VT_PEEL", "0")
+    plain = psa(q, k, v, **kw)
+    monkeypatch.setenv("PSA_TRITON_VT_PEEL", "1")
+    peel = psa(q, k, v, **kw)
+    assert torch.isfinite(peel).all() and rel(peel, plain) <= 1e-4, rel(peel, plain)

@@ -117,6 +117,16 @@ def test_morton_copies_only_k_v_in_head_chunks_under_their_budget(res):
     assert r["roll_hc"] == {**real, "wan14_480p": 14, "wan14_720p": 10}, r["roll_hc"]
 
 
+def test_peeled_virtual_loop_equals_the_plain_one(res):
+    """PSA_TRITON_VT_PEEL: the same terms (only the rounding of log2(64) in the exponent and of the first-order weight
+    differ), with whole tiles before the last one, a short last block, the last block alone in its tile, and no
+    whole tile at all (then nothing changes)."""
+    r = get(res, "vt_peel_equals_the_plain_virtual_loop")
+    for key, d in r.items():
+        assert d["finite"] and d["rel_ref"] <= 1e-5 and d["rel_plain"] <= 1e-6, (key, d)
+    assert r["T1024_pwt"]["rel_plain"] == 0.0 and r["T1100_pwt"]["rel_plain"] > 0.0, r
+
+
 def test_custom_op_schema_and_fake_tensor(res):
     r = get(res, "custom_op_opcheck")
     assert all(v == "SUCCESS" for v in r.values()), r

@@ -81,6 +81,13 @@ tma_types = {**fwd_types, "KD": "tensordesc<bf16[1,1,64,128]>", "VD": "tensordes
 compile_one("fwd_pwt_morton_qo_perm_tma", fwd._psa_fwd_kernel, tma_types,
             dict(common, BLOCK_N=64, BLOCK_V=64, APPROX=True, HAS_PERM=True, USE_TMA=True, HAS_HSCALE=False,
                  KV_PERM=False), 4, 2)
+# ... the same with the virtual tiles of whole blocks in a loop of their own (PSA_TRITON_VT_PEEL), also with pointer loads
+compile_one("fwd_pwt_morton_qo_perm_tma_vt_peel", fwd._psa_fwd_kernel, tma_types,
+            dict(common, BLOCK_N=64, BLOCK_V=64, APPROX=True, HAS_PERM=True, USE_TMA=True, HAS_HSCALE=False,
+                 KV_PERM=False, VT_PEEL=True), 4, 2)
+compile_one("fwd_pwt_vt_peel", fwd._psa_fwd_kernel, fwd_types,
+            dict(common, BLOCK_N=64, BLOCK_V=64, APPROX=True, HAS_PERM=False, USE_TMA=False, HAS_HSCALE=False,
+                 VT_PEEL=True), 4, 2)
 # before Hopper (RTX 4090: sm_89) the 8-warp pointer config the autotuner is offered there (4 warps spill)
 compile_one("fwd_pwt_sm89_w8", fwd._psa_fwd_kernel, fwd_types,
             dict(common, BLOCK_N=64, BLOCK_V=64, APPROX=True, HAS_PERM=False, USE_TMA=False, HAS_HSCALE=False), 8, 2,

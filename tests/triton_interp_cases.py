@@ -609,6 +609,37 @@ def _():
     return out
 
 
+@case("vt_peel_equals_the_plain_virtual_loop")
+def _():
+    # PSA_TRITON_VT_PEEL: the virtual tiles of whole blocks below the last one in a loop of their own (log2(64) in the
+    # logits, no masks, no counts). BLOCK_V 16 so small problems have such tiles: T 1100 = 18 blocks (one whole tile,
+    # then blocks 16-17 with a 12-token last one), 2112 = 33 (two, then the last block alone), 1024 = 16 (none: the
+    # last block is in the first tile, so the peel changes nothing)
+    config = dict(BLOCK_N=64, BLOCK_V=16, USE_TMA=False, num_warps=4, num_stages=1)
+    out, env0 = {}, os.environ.get("PSA_TRITON_VT_PEEL")
+    try:
+        for T in (1100, 2112, 1024):
+            for variant in ("pwt", "pisa"):
+                q, k, v = (rnd(1, 1, T, 64, seed=150 + s) for s in range(3))
+                cfg = cfg_of(64, 0.125, variant, band=1)
+                q64, k64, v64 = q.double(), k.double(), v.double()
+                st = block_stats(q64, k64, v64, cfg.block_size, need_hnorm=cfg.cov_bias)
+                r = route(st, cfg)
+                ref = reference.forward(q64, k64, v64, cfg, routing=r, stats=st)
+                os.environ["PSA_TRITON_VT_PEEL"] = "0"
+                plain = kt.forward_with_routing(q, k, v, cfg, r, config=config)
+                os.environ["PSA_TRITON_VT_PEEL"] = "1"
+                peel = kt.forward_with_routing(q, k, v, cfg, r, config=config)
+                out[f"T{T}_{variant}"] = {"rel_ref": rel(peel, ref), "rel_plain": rel(peel, plain),
+                                          "plain_rel_ref": rel(plain, ref), "finite": bool(torch.isfinite(peel).all())}
+    finally:
+        if env0 is None:
+            os.environ.pop("PSA_TRITON_VT_PEEL", None)
+        else:
+            os.environ["PSA_TRITON_VT_PEEL"] = env0
+    return out
+
+
 @case("custom_op_opcheck")
 def _():
     q, k, v = (rnd(1, 1, 64, 64, seed=90 + s) for s in range(3))

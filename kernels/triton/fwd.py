@@ -12,7 +12,10 @@ first-order weight). fp32 accumulation; bf16/fp16 operands on the tensor cores.
 
 Measured and not kept (H200, session 15, bench/results/switch_triton_vt_fold_s15_h200.txt, commit 09b34fd): log2 of
 the block size folded into the virtual logits and the count multiplies only in the tile with a short last block
-(an scf.if in the virtual loop): Wan2.1-14B 480p 8.36 -> 9.80 ms (raster), 720p 43.7 -> 44.3.
+(an scf.if in the virtual loop): Wan2.1-14B 480p 8.36 -> 9.80 ms (raster), 720p 43.7 -> 44.3. Session 16 (CPU only):
+the same arithmetic with the tiles of whole blocks in a loop of their own (VT_PEEL, PSA_TRITON_VT_PEEL, off until timed):
+no masks, no counts, one row sum; sm_90a with Triton 3.6, the Morton TMA config: that loop's body 436 instructions
+against the general loop's 667, 255 registers, no spills.
 """
 from __future__ import annotations
 
@@ -64,9 +67,10 @@ def _psa_fwd_kernel(
     HC, T, N, NSEL, N_VIRT, qk_scale, scale, out_max,
     D: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
     APPROX: tl.constexpr, HAS_PERM: tl.constexpr, USE_TMA: tl.constexpr, HAS_HSCALE: tl.constexpr,
-    STORE_LSE: tl.constexpr = False, KV_PERM: tl.constexpr = True,
+    STORE_LSE: tl.constexpr = False, KV_PERM: tl.constexpr = True, VT_PEEL: tl.constexpr = False,
 ):
     LOG2E: tl.constexpr = 1.4426950408889634
+    LOG2_BS: tl.constexpr = 6.0  # log2(BS): the host sets VT_PEEL only for BS = 64
     i_m, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh = i_b * HC + i_h
     o_m = tl.arange(0, BS)
@@ -137,7 +141,28 @@ def _psa_fwd_kernel(
         p_kbar = KBAR + i_bh * N * D
         p_vmean = VMEAN + i_bh * N * D
         n_last = (T - (N - 1) * BS) * 1.0
-        for v0 in range(0, N_VIRT, BLOCK_V):
+        v_tail = 0
+        if VT_PEEL:
+            # the tiles of whole blocks below the last one in a loop of their own (no masks, no counts: log2(BS) in
+            # the logits makes P a whole block's mass, and sum_U e(s-hat) is its row sum / BS, exactly); the rest,
+            # the tile with the last block, in the general loop below
+            v_tail = tl.maximum(N_VIRT - 1, 0) // BLOCK_V * BLOCK_V
+            for v0 in range(0, v_tail, BLOCK_V):
+                o_j = v0 + o_v
+                b_kb = tl.load(p_kbar + o_j[:, None] * D + o_d[None, :])  # [BV, D]
+                b_bias = tl.load(p_vb + o_j).to(tl.float32)
+                b_s = tl.dot(b_q, tl.trans(b_kb)) * qk_scale + (b_bias * LOG2E + LOG2_BS)[None, :]  # [BS, BV]
+                b_mn = tl.maximum(b_m, tl.max(b_s, axis=1))
+                b_mu = tl.where(b_mn == float("-inf"), 0.0, b_mn)
+                b_alpha = tl.math.exp2(b_m - b_mu)
+                b_p = tl.math.exp2(b_s - b_mu[:, None])
+                b_ps = tl.sum(b_p, axis=1)
+                b_l = b_l * b_alpha + b_ps
+                b_g = b_g * b_alpha + b_ps * (1.0 / BS)
+                b_vm = tl.load(p_vmean + o_j[:, None] * D + o_d[None, :])  # [BV, D]
+                b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_vm.dtype), b_vm)
+                b_m = b_mn
+        for v0 in range(v_tail, N_VIRT, BLOCK_V):
             o_j = v0 + o_v
             m_j = o_j < N
             b_kb = tl.load(p_kbar + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)  # [BV, D]
@@ -193,6 +218,17 @@ _tma_lock = threading.Lock()
 
 
 _arch: dict = {}
+
+
+# the virtual tiles of whole blocks below the last one in a loop of their own, without masks or counts (VT_PEEL in the
+# kernel; session 15's fold put the same arithmetic behind an scf.if inside the one loop and measured slower). Built in
+# session 16 on the CPU, off until timed on the H200. PSA_TRITON_VT_PEEL=1/0 overrides
+VT_PEEL = False
+
+
+def vt_peel() -> bool:
+    v = os.environ.get("PSA_TRITON_VT_PEEL", "").strip()
+    return VT_PEEL if v == "" else v != "0"
 
 
 def _tuner(device, tma: bool):
@@ -293,6 +329,8 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, perm=None, config: dict | No
     grid = (n, HC, B)
     meta = dict(D=D, BS=bs, APPROX=approx, HAS_PERM=perm is not None, HAS_HSCALE=hscale is not None,
                 KV_PERM=kv_perm)
+    if approx and bs == 64 and vt_peel():
+        meta["VT_PEEL"] = True
     if lse is not None:
         assert perm is None and lse.is_contiguous() and lse.shape == (B, HC, T) and lse.dtype == torch.float32
         meta["STORE_LSE"] = True
