@@ -1,6 +1,7 @@
 """The Triton kernels on CPU under TRITON_INTERPRET=1 (tiny sizes), against the float64 reference.
 
-All cases run once, in a subprocess (tests/triton_interp_cases.py): TRITON_INTERPRET must be set before
+All cases run once, in a subprocess (tests/triton_interp_cases.py, the Morton ones in
+tests/triton_interp_morton_cases.py): TRITON_INTERPRET must be set before
 Triton is imported, and must not leak into the other test files of this session. float32 inputs: the
 interpreter computes in numpy float32, so the kernels must match the float64 oracle to float32 rounding.
 """
@@ -16,6 +17,11 @@ TOL32 = 1e-5  # float32 arithmetic against the float64 oracle (observed ~3e-7)
 @pytest.fixture(scope="module")
 def res():
     return run_driver("triton_interp_cases.py", env=dict(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES=""))
+
+
+@pytest.fixture(scope="module")
+def res_morton():
+    return run_driver("triton_interp_morton_cases.py", env=dict(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES=""))
 
 
 def get(res, name):
@@ -67,8 +73,8 @@ def test_routing_ties_keep_the_lowest_block_ids(res):
     assert r["size"] and r["forced"] and r["lowest"] and r["bias_marks_exact"], r
 
 
-def test_morton_gather_scatter_and_fused_reorder(res):
-    r = get(res, "morton_gather_scatter_and_fused_reorder")
+def test_morton_gather_scatter_and_fused_reorder(res_morton):
+    r = get(res_morton, "morton_gather_scatter_and_fused_reorder")
     assert r["gather_equals_apply_reorder"] and r["scatter_undoes_gather"]
     assert r["fused_vs_separate_maxdiff"] <= 1e-5
     for var in ("pwt", "pisa", "drop"):
@@ -76,7 +82,7 @@ def test_morton_gather_scatter_and_fused_reorder(res):
         assert r[f"{var}_stats_keeps_layout"], var
 
 
-def test_morton_copies_only_k_v_in_head_chunks_under_their_budget(res):
+def test_morton_copies_only_k_v_in_head_chunks_under_their_budget(res_morton):
     """The Triton attention reads q and writes the output through the permutation: only k and v are copied
     (2 x q's bytes in one chunk, 1x with PSA_MORTON_SCRATCH=1 over 2 chunks, 0.5x over 4 with 0.25), the output
     lands in the caller's layout (its own 1x q, no block-order output, no scatter); an attention without a
@@ -87,7 +93,7 @@ def test_morton_copies_only_k_v_in_head_chunks_under_their_budget(res):
     (PSA_CUTE_Q_PERM) gets only the k, v copies, as the Triton attention; one without a permutation that can be
     asked to read q through it (PSA_MORTON_ROLL) gets only the k, v copies in head chunks too (its q copies in the
     output ahead of their chunk). Every one equals the separate passes."""
-    r = get(res, "morton_copies_chunked_under_their_budget")
+    r = get(res_morton, "morton_copies_chunked_under_their_budget")
     for var in ("pwt", "drop"):
         for frac, hc, allocs in (("0", 4, [1.0, 2.0]), ("1", 2, [1.0, 1.0]), ("0.25", 1, [0.5, 1.0])):
             d = r[f"{var}_frac{frac}"]
