@@ -587,8 +587,8 @@ A16)  # session 16, first call (carry .carry/cs1): two builds of session 16, mad
     # last without per-column bounds or counts; 632 -> 448 SASS instructions per tile) and (3) the same split in the
     # Triton kernel (PSA_TRITON_VT_PEEL: two loops, 667 -> 436 per tile with Triton 3.6). Rule for each: on when it is
     # faster at 480p and 720p in the medians, raster and node layout, not slower at FLUX.1 (Triton), and its tests
-    # pass. Then the CuTe, pair and graph GPU tests with the roll on (the pair file holds the CuTe peel's own test)
-    # and the Triton peel's tests
+    # pass. Then every forward GPU test with the roll on (A15's set: 180 s; the pair and Triton files hold the peels'
+    # own tests)
     python -c "import cutlass.cute" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: Triton only"
     log "switch_ab PSA_MORTON_ROLL"
     PROBE_BACKENDS=cute PROBE_SHAPES=wan14,wan14_720 timeout -k 10 150 \
@@ -602,9 +602,8 @@ A16)  # session 16, first call (carry .carry/cs1): two builds of session 16, mad
     PROBE_BACKENDS=triton timeout -k 10 150 python bench/probes/switch_ab.py PSA_TRITON_VT_PEEL \
         > "$OUT/switch_triton_vt_peel.txt" 2>&1
     log "switch_triton_vt_peel rc=$? $(grep -v RESULT "$OUT/switch_triton_vt_peel.txt" | cut -c1-900)"
-    run_tests triton_peel 120 tests/test_triton_gpu.py -k peeled
-    PSA_MORTON_ROLL=1 run_tests roll $((585 - SECONDS)) tests/test_cute_gpu.py tests/test_cute_pair_gpu.py \
-        tests/test_graphs_gpu.py
+    PSA_MORTON_ROLL=1 run_tests roll $((585 - SECONDS)) tests/test_triton_gpu.py tests/test_graphs_gpu.py \
+        tests/test_nonfinite.py tests/test_cute_gpu.py tests/test_cute_pair_gpu.py tests/test_api_errors.py
     ;;
 B16)  # session 16, second call (carry .carry/cs1): the roll's own cost (3 chunks both ways at PSA_MORTON_SCRATCH=0.75),
     # the Morton budget at 1 against 0.75 as the node calls it on both backends (CuTe rolled; raster as the yardstick:
