@@ -31,6 +31,15 @@ def _run(q, k, v, cfg, routing, monkeypatch, pair, stages=None):
     return kc.forward_with_routing(q, k, v, cfg, routing)
 
 
+def _switched(q, k, v, cfg, routing, monkeypatch, env):
+    """The pair kernel's outputs with the switch `env` at 0 and at 1 (identical routing)."""
+    outs = []
+    for val in ("0", "1"):
+        monkeypatch.setenv(env, val)
+        outs.append(_run(q, k, v, cfg, routing, monkeypatch, True))
+    return outs
+
+
 def _check(q, k, v, cfg, monkeypatch, stages=None):
     # the one-block kernel's epilogue divides: the pair build here does too, so the operations are the same
     monkeypatch.setenv("PSA_CUTE_RECIP_STORE", "0")
@@ -202,10 +211,7 @@ def test_pair_reciprocal_epilogue(shape, monkeypatch):
     q, k, v = (rnd(shape, seed=115 + s) for s in range(3))
     cfg = cfg_of(128, 0.125, "pwt")
     r, ref = float64_reference(q, k, v, cfg)
-    monkeypatch.setenv("PSA_CUTE_RECIP_STORE", "0")
-    div = _run(q, k, v, cfg, r, monkeypatch, True)
-    monkeypatch.setenv("PSA_CUTE_RECIP_STORE", "1")
-    mul = _run(q, k, v, cfg, r, monkeypatch, True)
+    div, mul = _switched(q, k, v, cfg, r, monkeypatch, "PSA_CUTE_RECIP_STORE")
     assert torch.isfinite(mul).all()
     assert rel(mul, div) <= 1e-3 and rel(mul, ref) <= REF_TOL
 
@@ -265,10 +271,7 @@ def test_pair_peeled_virtual_loop(variant, T, density, monkeypatch):
     cfg = cfg_of(128, density, variant)
     monkeypatch.setenv("PSA_CUTE_RECIP_STORE", "0")
     r, ref = float64_reference(q, k, v, cfg)
-    monkeypatch.setenv("PSA_CUTE_VT_PEEL", "0")
-    base = _run(q, k, v, cfg, r, monkeypatch, True)
-    monkeypatch.setenv("PSA_CUTE_VT_PEEL", "1")
-    peel = _run(q, k, v, cfg, r, monkeypatch, True)
+    base, peel = _switched(q, k, v, cfg, r, monkeypatch, "PSA_CUTE_VT_PEEL")
     assert torch.isfinite(peel).all()
     # the same terms; only the rounding of log2(64) in the exponent and of the first-order weight differ
     assert rel(peel, base) <= 1e-4, f"peeled vs plain virtual loop: rel L2 {rel(peel, base):.2e}"

@@ -90,15 +90,18 @@ def _():
             c = cfg_of(64, 0.4, var, band=0, sinks=1)
             sep = kt.gather_tokens(kt.forward(*(kt.gather_tokens(x.contiguous(), perm, npre) for x in (q, k, v)),
                                               c), inv, npre)
-            for frac in ("0", "1", "0.25"):
-                os.environ["PSA_MORTON_SCRATCH"] = frac
+
+            def counted(attention=None, c=c, sep=sep):
+                """The Morton call with `attention` (None: the backend's own): its largest difference from the
+                separate passes, whether it keeps q's layout, and its large allocations in q's bytes."""
                 mode = _BigAllocs(q_bytes // 4)
                 with mode:
-                    o = kt._forward_impl(q, k, v, c, perm=perm, n_prefix=npre)
-                out[f"{var}_frac{frac}"] = {
-                    "maxdiff_vs_separate": float((o - sep).abs().max()), "keeps_layout": o.stride() == q.stride(),
-                    "allocs_in_q": sorted(n / q_bytes for n in mode.sizes),
-                    "hc": kt._even_chunks(4, kt._copy_heads(q, 2))}
+                    o = kt._forward_impl(q, k, v, c, perm=perm, n_prefix=npre, attention=attention)
+                return {"maxdiff_vs_separate": float((o - sep).abs().max()), "keeps_layout": o.stride() == q.stride(),
+                        "allocs_in_q": sorted(n / q_bytes for n in mode.sizes)}
+            for frac in ("0", "1", "0.25"):
+                os.environ["PSA_MORTON_SCRATCH"] = frac
+                out[f"{var}_frac{frac}"] = dict(counted(), hc=kt._even_chunks(4, kt._copy_heads(q, 2)))
             # an attention that takes no permutation (CuTe's): q copied too, block-order output scattered back
             # (per chunk when the three copies split: at PSA_MORTON_SCRATCH=1 here 2 chunks of 2 heads)
 
@@ -135,12 +138,7 @@ def _():
                 os.environ["PSA_MORTON_ROLL"] = "1"
                 for frac in ("1", "0.5", "0"):  # 2 chunks of 2 heads, 4 of 1, one chunk (no roll: 3 copies)
                     os.environ["PSA_MORTON_SCRATCH"] = frac
-                    mode = _BigAllocs(q_bytes // 4)
-                    with mode:
-                        o = kt._forward_impl(q, k, v, c, perm=perm, n_prefix=npre, attention=roll_attention)
-                    out[f"{var}_roll_attention_frac{frac}"] = {
-                        "maxdiff_vs_separate": float((o - sep).abs().max()), "keeps_layout": o.stride() == q.stride(),
-                        "allocs_in_q": sorted(n / q_bytes for n in mode.sizes)}
+                    out[f"{var}_roll_attention_frac{frac}"] = counted(roll_attention)
                 # uneven chunks (3 + 1 heads: the 1-head chunk first, its copy where the 3 heads go) in both layouts
                 fperm = kt._full_perm(perm, npre, T, q.device)
                 for lay, args in (("node", (q, k, v)), ("raster", tuple(x.contiguous() for x in (q, k, v)))):
@@ -156,12 +154,7 @@ def _():
                 os.environ["PSA_MORTON_SCRATCH"] = frac
                 for name, att in (("no_perm", lambda *a, **kw: fwd.attention(*a, **kw)),
                                   ("out_perm", out_perm_attention), ("q_perm", q_perm_attention)):
-                    mode = _BigAllocs(q_bytes // 4)
-                    with mode:
-                        o = kt._forward_impl(q, k, v, c, perm=perm, n_prefix=npre, attention=att)
-                    out[f"{var}_{name}_attention_frac{frac}"] = {
-                        "maxdiff_vs_separate": float((o - sep).abs().max()), "keeps_layout": o.stride() == q.stride(),
-                        "allocs_in_q": sorted(n / q_bytes for n in mode.sizes)}
+                    out[f"{var}_{name}_attention_frac{frac}"] = counted(att)
     finally:
         kt.MORTON_FLOOR = floor0
         if env0 is None:
