@@ -623,6 +623,24 @@ B16)  # session 16, second call (carry .carry/cs1): the roll's own cost (3 chunk
         > "$OUT/tests_bwd.log" 2>&1
     log "pytest backward rc=$? $(tail -1 "$OUT/tests_bwd.log")"
     ;;
+A17)  # session 17, second call (carry .carry/cs1), after A16: (1) the peeled virtual loops in the attention kernels
+    # alone under one routing, 5 alternated rounds (bench/probes/vt_peel_kernel.py: A16's whole-operator rounds were
+    # too noisy at 480p to read a ~1% change); (2) where the roll's output moved at 480p (bench/probes/roll_diff.py);
+    # (3) the tests A16 failed, fixed (a tolerance below bf16's rounding, a cache-key index, the rolled chunks'
+    # scatter count), with the roll on; (4) every forward GPU test on the defaults (A16 ran them with the roll on)
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: Triton only"
+    log "vt_peel_kernel probe"
+    timeout -k 10 150 python bench/probes/vt_peel_kernel.py > "$OUT/vt_peel_kernel.txt" 2>&1
+    log "vt_peel_kernel rc=$? $(grep -v RESULT "$OUT/vt_peel_kernel.txt" | cut -c1-1200)"
+    log "roll_diff probe"
+    timeout -k 10 90 python bench/probes/roll_diff.py > "$OUT/roll_diff.txt" 2>&1
+    log "roll_diff rc=$? $(python -c "import json,sys; r=json.loads(open(sys.argv[1]).read().split('RESULT ')[-1]); \
+print({k: r[k] for k in r if k != 'heads'}, [h for h in r['heads'] if h['max'] > 0][:6])" "$OUT/roll_diff.txt" 2>&1 | cut -c1-1500)"
+    PSA_MORTON_ROLL=1 run_tests fixed_roll 150 tests/test_triton_gpu.py tests/test_cute_pair_gpu.py \
+        tests/test_cute_gpu.py -k "peeled or through_the_permutation or morton_gathered"
+    run_tests defaults $((585 - SECONDS)) tests/test_triton_gpu.py tests/test_graphs_gpu.py tests/test_nonfinite.py \
+        tests/test_cute_gpu.py tests/test_cute_pair_gpu.py tests/test_api_errors.py
+    ;;
 T)  # the CuTe GPU tests with the stashed picks (after N, when N had no time left for them)
     run_tests cute 300 tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
     ;;

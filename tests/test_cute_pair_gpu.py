@@ -10,7 +10,7 @@ shared-pipeline tests were written after that run."""
 import pytest
 import torch
 
-from gpu_common import cfg_of, cute_skip_reason, float64_reference, rel, rnd
+from gpu_common import ROUNDING, cfg_of, cute_skip_reason, float64_reference, rel, rnd
 
 
 _why = cute_skip_reason()
@@ -258,7 +258,7 @@ def test_pair_reads_the_query_rows_through_the_permutation(share, monkeypatch):
     out = psa(q, k, v, **kw)
     assert torch.isfinite(out).all() and out.stride() == base.stride()
     assert rel(out, base) <= 1e-5, rel(out, base)
-    assert any(key[8] and key[-1] for key in CF._compiled), list(CF._compiled)  # the pair build with q_perm ran
+    assert any(key[8] and key[13] for key in CF._compiled), list(CF._compiled)  # the pair build with q_perm ran
 
 
 # PSA_CUTE_VT_PEEL: every virtual tile but the last as whole blocks (log2(64) in the bias, no counts), the last one
@@ -273,6 +273,9 @@ def test_pair_peeled_virtual_loop(variant, T, density, monkeypatch):
     r, ref = float64_reference(q, k, v, cfg)
     base, peel = _switched(q, k, v, cfg, r, monkeypatch, "PSA_CUTE_VT_PEEL")
     assert torch.isfinite(peel).all()
-    # the same terms; only the rounding of log2(64) in the exponent and of the first-order weight differ
-    assert rel(peel, base) <= 1e-4, f"peeled vs plain virtual loop: rel L2 {rel(peel, base):.2e}"
+    # the same terms; only the rounding of log2(64) in the exponent and of the first-order weight differ, which
+    # moves some bf16 outputs by one unit (the H200 measured 1.9e-3 rel L2 between the two): within half an ulp's
+    # rel L2, and no further from float64 than the plain loop
+    assert rel(peel, base) <= ROUNDING[q.dtype], f"peeled vs plain virtual loop: rel L2 {rel(peel, base):.2e}"
+    assert rel(peel, ref) <= max(1.05 * rel(base, ref), 1e-4), (rel(peel, ref), rel(base, ref))
     assert rel(peel, ref) <= REF_TOL, f"peeled virtual loop vs float64 reference: rel L2 {rel(peel, ref):.2e}"

@@ -1,0 +1,75 @@
+"""H200 probe: the peeled virtual loops (PSA_CUTE_VT_PEEL, PSA_TRITON_VT_PEEL) against the plain loops in the
+attention kernels alone, under one precomputed routing (pwt, d 0.125, random bf16 [1, 40, T, 128]: 480p T 32760,
+720p T 75600), alternated over PROBE_ROUNDS (default 5) rounds in one process: switch_ab.py's whole-operator rows
+carry the statistics, routing, copies and host time around a ~1 ms difference, too noisy at 480p (session 17's A16:
+rounds of one build 7.83-7.93 ms, of the other 7.93-8.46). Also the CuTe pwt kernel without its virtual tiles
+(probe="novt") so each row's virtual part is pwt - novt. Prints one line `RESULT {...}`.
+
+    python bench/probes/vt_peel_kernel.py
+"""
+import importlib
+import json
+import os
+import statistics
+import sys
+
+import torch
+from triton.testing import do_bench
+
+sys.path.insert(0, ".")
+from kernels.config import SparseConfig  # noqa: E402
+from kernels.triton import fwd as ktf  # noqa: E402
+from kernels.triton import stats as kts  # noqa: E402
+
+ROUNDS = int(os.environ.get("PROBE_ROUNDS", "5"))
+try:
+    kcf = importlib.import_module("kernels.cute.fwd")
+    import cutlass.cute  # noqa: F401
+except Exception as e:  # Triton rows only
+    print("cute unavailable:", type(e).__name__, str(e)[:200], flush=True)
+    kcf = None
+res = {"rounds": ROUNDS}
+for name, T in (("wan14", 32760), ("wan14_720", 75600)):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 40, T, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    cfg = SparseConfig(density=0.125, variant="pwt", band=1, n_sink_blocks=0, scale=128 ** -0.5)
+    st = kts.block_stats(q, k, v, cfg)
+    idx, vbias = kts.route(st, cfg, q.dtype)
+    if getattr(st, "hbar", None) is None and hasattr(kts, "finalize_hbar"):
+        kts.finalize_hbar(st, -(-T // 64), q.dtype)
+    out = torch.empty_like(q)
+    rows = [("triton", "PSA_TRITON_VT_PEEL", lambda: ktf.attention(q, k, v, out, st, idx, vbias, cfg))]
+    if kcf is not None:
+        rows.append(("cute", "PSA_CUTE_VT_PEEL", lambda: kcf.attention(q, k, v, out, st, idx, vbias, cfg)))
+    for be, env, call in rows:
+        d = res[f"{name}_{be}"] = {"T": T}
+        outs = {}
+        try:
+            for r in range(ROUNDS):
+                for op in ("0", "1"):
+                    os.environ[env] = op
+                    call()
+                    outs[op] = out.clone()
+                    d[f"op{op}_r{r}_ms"] = do_bench(call, warmup=25, rep=300 if T < 50000 else 800,
+                                                    return_mode="median")
+                if be == "cute":
+                    os.environ[env] = "0"
+                    d[f"novt_r{r}_ms"] = do_bench(lambda: kcf.attention(q, k, v, out, st, idx, vbias, cfg,
+                                                                        probe="novt"),
+                                                  warmup=25, rep=300 if T < 50000 else 800, return_mode="median")
+            d["maxdiff"] = float((outs["0"].float() - outs["1"].float()).abs().max())
+            d["rel_l2"] = float((outs["0"].double() - outs["1"].double()).norm() / outs["0"].double().norm())
+            for op in ("0", "1") + (("novt",) if be == "cute" else ()):
+                p = "" if op == "novt" else "op"
+                d[f"{p}{op}_median_ms"] = statistics.median(d[f"{p}{op}_r{r}_ms"] for r in range(ROUNDS))
+            d["op1_faster_rounds"] = sum(d[f"op1_r{r}_ms"] < d[f"op0_r{r}_ms"] for r in range(ROUNDS))
+            if be == "cute":
+                for op in ("0", "1"):
+                    d[f"virtual_op{op}_ms"] = d[f"op{op}_median_ms"] - d["novt_median_ms"]
+        except Exception as e:
+            d["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        os.environ.pop(env, None)
+        print(name, be, json.dumps(d), flush=True)
+    del q, k, v, st, idx, vbias, out
+    torch.cuda.empty_cache()
+print("RESULT " + json.dumps(res), flush=True)
