@@ -641,6 +641,19 @@ print({k: r[k] for k in r if k != 'heads'}, [h for h in r['heads'] if h['max'] >
     run_tests defaults $((585 - SECONDS)) tests/test_triton_gpu.py tests/test_graphs_gpu.py tests/test_nonfinite.py \
         tests/test_cute_gpu.py tests/test_cute_pair_gpu.py tests/test_api_errors.py
     ;;
+A17b)  # session 17, third call (carry .carry/cs1): the roll's differing heads traced stage by stage
+    # (bench/probes/roll_diff.py: copies, statistics, lists, attention), then the backward GPU tests in 2 workers
+    # (E15's four workers ran out of memory in the float64 references), then the pieces at 480p if time is left
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: Triton only"
+    log "roll_diff probe (stages)"
+    timeout -k 10 120 python bench/probes/roll_diff.py > "$OUT/roll_diff_stages.txt" 2>&1
+    log "roll_diff rc=$? $(python -c "import json,sys; r=json.loads(open(sys.argv[1]).read().split('RESULT ')[-1]); \
+print(r['chunks'], r['stages'][:6])" "$OUT/roll_diff_stages.txt" 2>&1 | cut -c1-1500)"
+    log "pytest backward"
+    timeout $((480 - SECONDS)) python -m pytest -q -p no:cacheprovider -n 2 -m gpu tests/test_backward_gpu.py \
+        > "$OUT/tests_bwd.log" 2>&1
+    log "pytest backward rc=$? $(tail -1 "$OUT/tests_bwd.log")"
+    ;;
 T)  # the CuTe GPU tests with the stashed picks (after N, when N had no time left for them)
     run_tests cute 300 tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
     ;;
