@@ -654,6 +654,21 @@ print(r['chunks'], r['stages'][:6])" "$OUT/roll_diff_stages.txt" 2>&1 | cut -c1-
         > "$OUT/tests_bwd.log" 2>&1
     log "pytest backward rc=$? $(tail -1 "$OUT/tests_bwd.log")"
     ;;
+P17)  # session 17, last call (carry .carry/cs1): Nsight Compute on the CuTe pair kernel at 480p, pwt, pwt without
+    # its virtual tiles (novt) and pwt with the peeled virtual loop (PSA_CUTE_VT_PEEL=1: 632 -> 448 instructions per
+    # virtual tile, no change in time): what bounds the virtual tiles if not instruction issue
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    for run in pwt novt pwt_peel; do
+        [ "$SECONDS" -gt 330 ] && { log "ncu $run skipped (time)"; continue; }
+        var=${run%_peel}; peel=0; [ "$run" = pwt_peel ] && peel=1
+        log "ncu $run"
+        PSA_CUTE_VT_PEEL=$peel timeout 130 ncu --kernel-name regex:cutlass --launch-skip 1 --launch-count 1 \
+            --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
+            --section MemoryWorkloadAnalysis --section InstructionStats --section LaunchStats --section Occupancy \
+            --csv python bench/probes/virtual_ncu.py $var --calls 1 > "$OUT/ncu_$run.csv" 2> "$OUT/ncu_$run.err"
+        log "ncu $run rc=$? $(wc -l < "$OUT/ncu_$run.csv") lines"
+    done
+    ;;
 T)  # the CuTe GPU tests with the stashed picks (after N, when N had no time left for them)
     run_tests cute 300 tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
     ;;
