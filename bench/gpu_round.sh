@@ -659,10 +659,10 @@ P17)  # session 17, last call (carry .carry/cs1): Nsight Compute on the CuTe pai
     # virtual tile, no change in time): what bounds the virtual tiles if not instruction issue
     python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
     for run in pwt novt pwt_peel; do
-        [ "$SECONDS" -gt 330 ] && { log "ncu $run skipped (time)"; continue; }
+        [ "$SECONDS" -gt 230 ] && { log "ncu $run skipped (time)"; continue; }
         var=${run%_peel}; peel=0; [ "$run" = pwt_peel ] && peel=1
         log "ncu $run"
-        PSA_CUTE_VT_PEEL=$peel timeout 130 ncu --kernel-name regex:cutlass --launch-skip 1 --launch-count 1 \
+        PSA_CUTE_VT_PEEL=$peel timeout 120 ncu --kernel-name regex:cutlass --launch-skip 1 --launch-count 1 \
             --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
             --section MemoryWorkloadAnalysis --section InstructionStats --section LaunchStats --section Occupancy \
             --csv python bench/probes/virtual_ncu.py $var --calls 1 > "$OUT/ncu_$run.csv" 2> "$OUT/ncu_$run.err"
