@@ -669,6 +669,17 @@ P17)  # session 17, last call (carry .carry/cs1): Nsight Compute on the CuTe pai
         log "ncu $run rc=$? $(wc -l < "$OUT/ncu_$run.csv") lines"
     done
     ;;
+PP)  # session 17, last call (carry .carry/cs1; ~170 s of device time left): the pair kernel's ping-pong consumers
+    # (PSA_CUTE_PINGPONG) against the plain ones in the attention kernel alone at 480p, 3 alternated rounds, then
+    # its GPU tests (equal outputs; unequal lists, an odd last block, no virtual tiles: the cases a wrong turn
+    # protocol would hang on, each run under a timeout)
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    log "pingpong probe"
+    PROBE_T=32760 PROBE_ROUNDS=3 timeout -k 5 75 python bench/probes/vt_peel_kernel.py PSA_CUTE_PINGPONG \
+        > "$OUT/pingpong_kernel.txt" 2>&1
+    log "pingpong rc=$? $(grep -v RESULT "$OUT/pingpong_kernel.txt" | cut -c1-1200)"
+    run_tests pingpong $((160 - SECONDS)) tests/test_cute_pair_gpu.py -k pingpong
+    ;;
 T)  # the CuTe GPU tests with the stashed picks (after N, when N had no time left for them)
     run_tests cute 300 tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
     ;;

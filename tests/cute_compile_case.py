@@ -54,12 +54,15 @@ for approx, q_rs, l2, pf, op in ((False, False, False, False, False), (True, Fal
     builds.append((name, lambda a=(approx, 5, D, q_rs, l2, pf, bool(op), qp): F.PiecewiseSparseFwdSm90(*a), vb, 128))
 from kernels.cute import fwd_pair as FP  # noqa: E402
 
-for recip, share, qp, peel in ((False, False, False, False), (True, False, False, False), (True, True, False, False),
-                               (True, False, True, False), (True, True, True, False), (True, False, False, True),
-                               (True, False, True, True)):  # two query blocks per CTA: 384 threads -> 168 registers
+for recip, share, qp, peel, pp in ((False, False, False, False, False), (True, False, False, False, False),
+                                   (True, True, False, False, False), (True, False, True, False, False),
+                                   (True, True, True, False, False), (True, False, False, True, False),
+                                   (True, False, True, True, False), (True, False, False, False, True),
+                                   (True, False, True, False, True), (True, False, False, True, True)):
+    # two query blocks per CTA: 384 threads -> 168 registers
     name = ("pisa/pwt pair" + (" recip" if recip else "") + (" share" if share else "") + (" q_perm" if qp else "")
-            + (" vt_peel" if peel else ""))
-    builds.append((name, lambda a=(4, 3, D, "", recip, share, qp, peel): FP.PairFwdSm90(*a), vb, 168))
+            + (" vt_peel" if peel else "") + (" pingpong" if pp else ""))
+    builds.append((name, lambda a=(4, 3, D, "", recip, share, qp, peel, pp): FP.PairFwdSm90(*a), vb, 168))
 for name, make, vbias, reg_bound in builds:
     for f in os.listdir(dump):
         os.remove(os.path.join(dump, f))

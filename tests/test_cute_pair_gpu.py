@@ -279,3 +279,66 @@ def test_pair_peeled_virtual_loop(variant, T, density, monkeypatch):
     assert rel(peel, base) <= ROUNDING[q.dtype], f"peeled vs plain virtual loop: rel L2 {rel(peel, base):.2e}"
     assert rel(peel, ref) <= max(1.05 * rel(base, ref), 1e-4), (rel(peel, ref), rel(base, ref))
     assert rel(peel, ref) <= REF_TOL, f"peeled virtual loop vs float64 reference: rel L2 {rel(peel, ref):.2e}"
+
+
+# PSA_CUTE_PINGPONG: the two consumers issue their GEMMs in turn (named barriers; fwd_pair.py _turn). Scheduling only:
+# every query block's arithmetic is unchanged, so the outputs are equal to the build without it. The cases that could
+# hang a wrong protocol: lists of unequal length (crafted: disjoint, a long gap, one list empty, -1 padding), an odd
+# last query block (both consumers on one block), one block in all, band 0 + sinks, no virtual tiles (density 1), the
+# peeled virtual loop and the Morton path's q_perm build
+def _pingpong_equal(q, k, v, cfg, routing, monkeypatch, ref=None):
+    base, pp = _switched(q, k, v, cfg, routing, monkeypatch, "PSA_CUTE_PINGPONG")
+    assert torch.isfinite(pp).all()
+    assert torch.equal(pp, base), f"ping-pong vs plain consumers: rel L2 {rel(pp, base):.2e}"
+    if ref is not None:
+        assert rel(pp, ref) <= REF_TOL, f"ping-pong vs float64 reference: rel L2 {rel(pp, ref):.2e}"
+
+
+@pytest.mark.parametrize("case", ["disjoint", "long_gap", "one_list_empty", "shifted"])
+def test_pair_pingpong_crafted_unequal_lists(case, monkeypatch):
+    from kernels.routing import Routing
+    q, k, v = (rnd((1, 2, 1000, 128), seed=180 + s) for s in range(3))
+    cfg = cfg_of(128, 0.125, "pwt")
+    r, _ = float64_reference(q, k, v, cfg)
+    B, H, N, _ = r.exact.shape
+    even, odd = CRAFTED[case]
+    lists = [sorted(set((odd if i % 2 else even)(i))) for i in range(N)]
+    idx = torch.full((B, H, N, max(len(x) for x in lists) or 1), -1, dtype=torch.int32)
+    exact = torch.zeros(B, H, N, N, dtype=torch.bool)
+    for i, x in enumerate(lists):
+        idx[:, :, i, :len(x)] = torch.tensor(x, dtype=torch.int32)
+        exact[:, :, i, list(x)] = True
+    dev = r.exact.device
+    _pingpong_equal(q, k, v, cfg, Routing(idx=idx.to(dev), exact=exact.to(dev), w=r.w), monkeypatch)
+
+
+@pytest.mark.parametrize("shape, density, band, sinks", [
+    ((1, 2, 936, 128), 0.125, 1, 0), ((2, 2, 4033, 128), 0.2, 0, 1), ((1, 1, 64, 128), 0.125, 1, 0),
+    ((1, 2, 936, 128), 1.0, 1, 0), ((1, 8, 9000, 128), 0.125, 1, 0)], ids=["odd", "band0_sinks", "one_block",
+                                                                           "no_virtual", "T9000"])
+def test_pair_pingpong_equals_the_plain_consumers(shape, density, band, sinks, monkeypatch):
+    q, k, v = (rnd(shape, seed=184 + s) for s in range(3))
+    cfg = cfg_of(128, density, "pwt", band=band, sinks=sinks)
+    r, ref = float64_reference(q, k, v, cfg)
+    _pingpong_equal(q, k, v, cfg, r, monkeypatch, ref)
+    monkeypatch.setenv("PSA_CUTE_VT_PEEL", "1")  # with the peeled virtual loop: the same against the peel alone
+    _pingpong_equal(q, k, v, cfg, r, monkeypatch, ref)
+
+
+def test_pair_pingpong_on_the_morton_path_as_the_node_calls_it(monkeypatch):
+    import math
+    from gpu_common import MORTON_BHD, MORTON_GRID, MORTON_PREFIX, node_layout_qkv
+    from kernels import piecewise_sparse_attention as psa
+    grid, npre, (B, H, D) = MORTON_GRID, MORTON_PREFIX, MORTON_BHD
+    q, k, v = node_layout_qkv(B, npre + math.prod(grid), H, D, seed=188)
+    kw = dict(density=0.125, variant="pwt", reorder="morton", grid=grid, n_prefix=npre, backend="cute",
+              on_failure="raise")
+    monkeypatch.setenv("PSA_CUDA_GRAPHS", "0")
+    monkeypatch.setenv("PSA_CUTE_PAIR", "1")
+    outs = {}
+    for qp in ("0", "1"):  # the block-order q copy, then the query rows read through the permutation
+        monkeypatch.setenv("PSA_CUTE_PAIR_Q_PERM", qp)
+        for val in ("0", "1"):
+            monkeypatch.setenv("PSA_CUTE_PINGPONG", val)
+            outs[qp, val] = psa(q, k, v, **kw)
+        assert torch.equal(outs[qp, "1"], outs[qp, "0"]), qp

@@ -3,9 +3,11 @@ attention kernels alone, under one precomputed routing (pwt, d 0.125, random bf1
 720p T 75600), alternated over PROBE_ROUNDS (default 5) rounds in one process: switch_ab.py's whole-operator rows
 carry the statistics, routing, copies and host time around a ~1 ms difference, too noisy at 480p (session 17's A16:
 rounds of one build 7.83-7.93 ms, of the other 7.93-8.46). Also the CuTe pwt kernel without its virtual tiles
-(probe="novt") so each row's virtual part is pwt - novt. Prints one line `RESULT {...}`.
+(probe="novt") so each row's virtual part is pwt - novt. Other attention switches the same way: name them
+(a PSA_CUTE_* switch times the CuTe kernel, any other the Triton one; session 17: PSA_CUTE_PINGPONG), and
+PROBE_T=32760 keeps one size. Prints one line `RESULT {...}`.
 
-    python bench/probes/vt_peel_kernel.py
+    python bench/probes/vt_peel_kernel.py [PSA_NAME ...]
 """
 import importlib
 import json
@@ -28,8 +30,11 @@ try:
 except Exception as e:  # Triton rows only
     print("cute unavailable:", type(e).__name__, str(e)[:200], flush=True)
     kcf = None
-res = {"rounds": ROUNDS}
-for name, T in (("wan14", 32760), ("wan14_720", 75600)):
+ENVS = [a for a in sys.argv[1:] if a.startswith("PSA_")] or ["PSA_TRITON_VT_PEEL", "PSA_CUTE_VT_PEEL"]
+SIZES = [(n, t) for n, t in (("wan14", 32760), ("wan14_720", 75600))
+         if str(t) in os.environ.get("PROBE_T", "32760,75600").split(",")]
+res = {"rounds": ROUNDS, "envs": ENVS}
+for name, T in SIZES:
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 40, T, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     cfg = SparseConfig(density=0.125, variant="pwt", band=1, n_sink_blocks=0, scale=128 ** -0.5)
@@ -38,11 +43,12 @@ for name, T in (("wan14", 32760), ("wan14_720", 75600)):
     if getattr(st, "hbar", None) is None and hasattr(kts, "finalize_hbar"):
         kts.finalize_hbar(st, -(-T // 64), q.dtype)
     out = torch.empty_like(q)
-    rows = [("triton", "PSA_TRITON_VT_PEEL", lambda: ktf.attention(q, k, v, out, st, idx, vbias, cfg))]
-    if kcf is not None:
-        rows.append(("cute", "PSA_CUTE_VT_PEEL", lambda: kcf.attention(q, k, v, out, st, idx, vbias, cfg)))
-    for be, env, call in rows:
-        d = res[f"{name}_{be}"] = {"T": T}
+    rows = [("cute" if e.startswith("PSA_CUTE_") else "triton", e) for e in ENVS]
+    rows = [(be, e) for be, e in rows if be == "triton" or kcf is not None]
+    for be, env in rows:
+        mod = kcf if be == "cute" else ktf
+        call = lambda: mod.attention(q, k, v, out, st, idx, vbias, cfg)  # noqa: E731
+        d = res[f"{name}_{be}_{env}"] = {"T": T}
         outs = {}
         try:
             for r in range(ROUNDS):
@@ -69,7 +75,7 @@ for name, T in (("wan14", 32760), ("wan14_720", 75600)):
         except Exception as e:
             d["error"] = f"{type(e).__name__}: {str(e)[:300]}"
         os.environ.pop(env, None)
-        print(name, be, json.dumps(d), flush=True)
+        print(name, be, env, json.dumps(d), flush=True)
     del q, k, v, st, idx, vbias, out
     torch.cuda.empty_cache()
 print("RESULT " + json.dumps(res), flush=True)

@@ -122,6 +122,12 @@ PAIR_VT_STAGES = 3  # its shared virtual-tile stages (cute_pair.py, session 7: 3
 # 632 -> ~450 instructions; session 15's fold (the same idea behind a runtime branch inside the loop) compiled to 849
 # and measured slower. Built in session 16 on the CPU, off until timed on the H200. PSA_CUTE_VT_PEEL=1/0 overrides
 VT_PEEL = False
+# the pair build's two consumers issuing their GEMMs in turn (fwd_pair.py pingpong: FlashAttention-3's warpgroup
+# ping-pong on named barriers). Session 17's Nsight Compute profile of the pair kernel at 480p (ncu_*_s17_h200.csv):
+# tensor pipe 55-57% of its peak, 0.48 eligible warps per scheduler, issue slots 37% busy: latency-bound, not issue-
+# bound (the peel's 16% fewer virtual-tile instructions changed no time). Built on the CPU, off until timed on the
+# H200. PSA_CUTE_PINGPONG=1/0 overrides
+PINGPONG = False
 
 
 class PiecewiseSparseFwdSm90(TileOps):
@@ -566,13 +572,15 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
         raise ValueError("cute backend: timing probes run on the pair build only")
     recip = pair and (_env_flag("PSA_CUTE_RECIP_STORE", RECIP_STORE) if recip is None else bool(recip))
     vt_peel = pair and probe == "" and _env_flag("PSA_CUTE_VT_PEEL", VT_PEEL)
+    pingpong = pair and _env_flag("PSA_CUTE_PINGPONG", PINGPONG)
     share = pair and (_env_flag("PSA_CUTE_PAIR_SHARE", PAIR_SHARE) if share is None else bool(share))
     if share and idx.shape[-1] > PAIR_SHARE_MAX_SEL:
         log_once("cute:share_max_sel", "piecewise_sparse_attention: cute pair kernel: %d routed blocks per list "
                  "exceed the shared exact pipeline's %d: a pipeline per list", idx.shape[-1], PAIR_SHARE_MAX_SEL)
         share = False
+    pingpong = pingpong and not share
     key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm, vt_stages, probe, recip, share,
-           bool(q_perm), vt_peel)
+           bool(q_perm), vt_peel, pingpong)
     args = [_cute(x) for x in (q, k, v, out, kb, vm, hb)]
     args += [from_dlpack(vb.detach(), assumed_align=vb.element_size()).mark_layout_dynamic(leading_dim=3),
              from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3),
@@ -589,7 +597,8 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
                 if pair:
                     from .fwd_pair import PairFwdSm90
 
-                    kern = PairFwdSm90(stages, vt_stages, D, probe, recip, share, bool(q_perm), vt_peel)
+                    kern = PairFwdSm90(stages, vt_stages, D, probe, recip, share, bool(q_perm), vt_peel,
+                                       pingpong)
                 else:
                     kern = PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2, bias_pf, out_perm, bool(q_perm))
                 fn = cute.compile(kern, *args, *scal, stream)

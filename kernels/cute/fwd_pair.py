@@ -108,7 +108,8 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
     """pisa / pwt only; compile-time configuration: exact stages per consumer, shared virtual stages."""
 
     def __init__(self, kv_stages: int = KV_STAGES, vt_stages: int = VT_STAGES, head_dim: int = 128, probe: str = "",
-                 recip_store: bool = False, share: bool = False, q_perm: bool = False, vt_peel: bool = False):
+                 recip_store: bool = False, share: bool = False, q_perm: bool = False, vt_peel: bool = False,
+                 pingpong: bool = False):
         # q_perm (Morton): query row t read from row mPerm[t] of the caller's q into the consumer's registers (no TMA,
         # no block-order copy of q) and the output written through mPerm (fwd.py's q_perm)
         super().__init__(True, kv_stages, head_dim, q_rs=True, out_perm=q_perm, q_perm=q_perm)
@@ -128,6 +129,9 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
         # every virtual tile but the last without per-column bounds and counts (log2(BS) in the bias), the last one
         # as before, after the loop (fwd.VT_PEEL)
         self.vt_peel = vt_peel and probe == ""
+        # the two consumers issue their GEMMs in turn (FlashAttention-3's warpgroup ping-pong, named barriers 3 and 4):
+        # one's softmax under the other's GEMMs (fwd.PINGPONG; own-list pipelines only)
+        self.pingpong = pingpong and not share
         self.threads = 384
         self.regs_producer = 24
         self.regs_consumer = 240
@@ -168,13 +172,16 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
     @cute.jit
     def _virtual_step(self, qk_mma, pv_mma, acc_s, acc_o, tOrP, sQi, tSrKp, tOrVp, row_max, row_sum, row_g,
                       scale_log2, alpha, bias, cnt, bias_h, vrow, tScS, n_vt, n_kv, n_last, rem, kh, vh, tv,
-                      full: cutlass.Constexpr):
+                      full: cutlass.Constexpr, pp=None):
         """One step of the virtual loop (k-bar tile tv in `kh`, the previous tile's value means in `vh`, both
         waited for): S of tile tv beside P V of tile tv - 1, then tile tv's softmax; its bias was fetched a step
         earlier, tile tv + 1's is fetched here. `full` (vt_peel, every tile but the last): whole blocks below the
-        last one, so no per-column bounds, counts or second sum (_bias_full, tile_ops._online_softmax)."""
+        last one, so no per-column bounds, counts or second sum (_bias_full, tile_ops._online_softmax). pp: the
+        ping-pong turn (_turn)."""
+        self._turn(pp)
         self._issue_ss(qk_mma, acc_s, sQi, tSrKp[(None, None, None, kh.index)])
         self._issue_rs(pv_mma, acc_o, tOrP, tOrVp[(None, None, None, vh.index)])
+        self._handover(pp)
         if cutlass.const_expr(full):
             self._bias_full(bias, bias_h)
             self._bias_fetch(bias_h, vrow, tScS, tv + 1, n_kv)  # tile tv + 1 exists: tv is not the last
@@ -190,6 +197,40 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
         vh.release()
         self._rescale_o(acc_o, alpha)
         self._to_p(acc_s, tOrP)
+
+    def _pp(self, c, step, n_steps):
+        """The ping-pong turn of a step (None without pingpong: _turn and _handover then emit nothing)."""
+        return (c, step, n_steps) if self.pingpong else None
+
+    @cute.jit
+    def _pass_turns(self, c, a, b, n_steps):
+        """pingpong: turns a .. b - 1 passed empty (the exact tiles only the other consumer's list has)."""
+        if cutlass.const_expr(self.pingpong):
+            for u in cutlass.range(a, b, unroll=1):
+                self._turn((c, u, n_steps))
+                self._handover((c, u, n_steps))
+
+    @cute.jit
+    def _turn(self, pp):
+        """pingpong, pp = (c, turn, n_turns): before issuing a step's GEMMs, wait until the other consumer has issued
+        those of the turn before (named barrier 3 + c: this warpgroup's 128 threads wait, the other's 128 arrive),
+        so that one's softmax runs under the other's GEMMs. Both take the same n_turns turns, so every wait meets one
+        arrival. Virtual tile t is turn pp_v + t for both: a consumer waits for a virtual tile's data only when the
+        other has released the tile three slots back, which it does in its step of tile t - 1, a turn earlier; had
+        the turns followed each consumer's own step count, unequal lists would deadlock here (the shorter one
+        waiting for virtual data that the longer one, waiting for its turn, never frees)."""
+        if cutlass.const_expr(pp is not None):
+            cute.arch.barrier(barrier_id=3 + pp[0], number_of_threads=256)
+
+    @cute.jit
+    def _handover(self, pp):
+        """pingpong: after issuing a step's GEMMs, the other consumer's turn. Consumer 1 arrived once before its
+        first step (consumer 0 goes first) and skips the arrival after its last, so each barrier sees n_steps
+        arrivals for n_steps waits and none is left pending when the CTA exits."""
+        if cutlass.const_expr(pp is not None):
+            c, step, n_steps = pp
+            if c == 0 or step < n_steps - 1:
+                cute.arch.barrier_arrive(barrier_id=4 - c, number_of_threads=256)
 
     @cute.jit
     def _bias_fetch(self, bias_h, vrow, tScS, t, n_kv):
@@ -247,13 +288,15 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
 
     @cute.jit
     def _exact_step(self, qk_mma, pv_mma, acc_s, acc_o, tOrP, sQi, tSrK, tOrV, koff, kv_cons, vh, row_max, row_sum,
-                    row_g, scale_log2, alpha, bias, cnt, tScS, is_tail, rem, gap):
+                    row_g, scale_log2, alpha, bias, cnt, tScS, is_tail, rem, gap, pp=None):
         """One step of the exact loop (fwd.py's): S of the next K tile and P V of the held V tile (vh) issued
         together, the softmax while P V runs. share (gap = (sL, c, u, n_valid, n_o, n_kv, g, jo)): the gap before
-        own tile u + 1 is walked while the GEMMs run; returns (g, jo)."""
+        own tile u + 1 is walked while the GEMMs run; returns (g, jo). pp: the ping-pong turn (_turn)."""
         kh = kv_cons.wait_and_advance()
+        self._turn(pp)
         self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, koff + kh.index)])
         self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, koff + vh.index)])
+        self._handover(pp)
         g_jo = None
         if cutlass.const_expr(gap is not None):
             sL, c, u, n_valid, n_o, n_kv, g, jo = gap
@@ -453,6 +496,18 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
             n_valid, kk_tail = self._list_scan(mIdx, i_b, i_h, i_q, n_sel, n_kv, rem)  # list length, partial block
             n_last = cutlass.Float32(rem)
             n_tiles = n_valid + n_vt
+            # pingpong: both consumers walk pp_v + n_vt turns, exact tile u at turn u, virtual tile t at turn pp_v + t
+            # (pp_v: the longer list's length; the shorter list's consumer passes its missing turns empty before
+            # its virtual tiles, which both then take at the same turns: see _turn)
+            pp_v = n_valid
+            pp_n = cutlass.Int32(0)
+            if cutlass.const_expr(self.pingpong):
+                n_valid_o, _ = self._list_scan(mIdx, i_b, i_h, cutlass.min(2 * i_p + 1 - c, n_kv - 1), n_sel, n_kv,
+                                               rem)
+                pp_v = cutlass.max(n_valid, n_valid_o)
+                pp_n = pp_v + n_vt
+                if c == 1 and pp_n > 0:  # consumer 0 issues first
+                    cute.arch.barrier_arrive(barrier_id=3, number_of_threads=256)
             n_cols = cute.size(acc_s) // n_rows
             bias = cute.make_rmem_tensor(cute.make_layout(n_cols), cutlass.Float32)
             cnt = cute.make_rmem_tensor(cute.make_layout(n_cols), cutlass.Float32)
@@ -479,18 +534,23 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
                         g, jo = self._gap(sL, 1 - c, jo, n_o, n_kv, sL[0, c])
                         kv_cons = self._pass(kv_cons, g)
                     kh0 = kv_cons.wait_and_advance()
+                    self._turn(self._pp(c, 0, pp_n))
                     self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, koff + kh0.index)])
+                    self._handover(self._pp(c, 0, pp_n))
                     if cutlass.const_expr(self.share):  # the next own tile's gap, while the S GEMM runs
                         if 1 < n_valid:
                             g, jo = self._gap(sL, 1 - c, jo, n_o, n_kv, sL[1, c])
                     warpgroup.wait_group(0)
                     kh0.release()
                 else:
+                    self._pass_turns(c, 0, pp_v, pp_n)
                     self._bias_use(bias, cnt, bias_h, tScS, 0, n_kv, n_last)
                     if 1 < n_vt:
                         self._bias_fetch(bias_h, vrow, tScS, 1, n_kv)
                     kp0 = vp_cons.wait_and_advance()
+                    self._turn(self._pp(c, pp_v, pp_n))
                     self._issue_ss(qk_mma, acc_s, sQi, tSrKp[(None, None, None, kp0.index)])
+                    self._handover(self._pp(c, pp_v, pp_n))
                     warpgroup.wait_group(0)
                     kp0.release()
                 self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
@@ -523,15 +583,19 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
                     else:
                         self._exact_step(qk_mma, pv_mma, acc_s, acc_o, tOrP, sQi, tSrK, tOrV, koff, kv_cons, vh,
                                          row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, kk_tail == u, rem,
-                                         None)
+                                         None, self._pp(c, u, pp_n))
                     self._rescale_o(acc_o, alpha)
                     self._to_p(acc_s, tOrP)
+                if n_valid > 0:  # (n_vt = 0: the turns after the last exact tile; else those before the virtual ones)
+                    self._pass_turns(c, n_valid, pp_v, pp_n)
                 if n_vt > 0:
                     if n_valid > 0:  # step n_valid: V of the last exact tile, the first k-bar tile
                         vh = kv_cons.wait_and_advance()
                         kh = vp_cons.wait_and_advance()
+                        self._turn(self._pp(c, pp_v, pp_n))
                         self._issue_ss(qk_mma, acc_s, sQi, tSrKp[(None, None, None, kh.index)])
                         self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, koff + vh.index)])
+                        self._handover(self._pp(c, pp_v, pp_n))
                         self._bias_use(bias, cnt, bias_h, tScS, 0, n_kv, n_last)
                         if 1 < n_vt:
                             self._bias_fetch(bias_h, vrow, tScS, 1, n_kv)
@@ -551,16 +615,18 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
                         for u in cutlass.range(n_valid + 1, n_tiles - 1, unroll=1):
                             vh = vp_cons.wait_and_advance()
                             kh = vp_cons.wait_and_advance()
-                            self._virtual_step(*vargs, kh, vh, u - n_valid, True)
+                            self._virtual_step(*vargs, kh, vh, u - n_valid, True, self._pp(c, u + pp_v - n_valid, pp_n))
                         if n_tiles - 1 > n_valid:
                             vh = vp_cons.wait_and_advance()
                             kh = vp_cons.wait_and_advance()
-                            self._virtual_step(*vargs, kh, vh, n_tiles - 1 - n_valid, False)
+                            self._virtual_step(*vargs, kh, vh, n_tiles - 1 - n_valid, False,
+                                               self._pp(c, pp_n - 1, pp_n))
                     else:
                         for u in cutlass.range(n_valid + 1, n_tiles, unroll=1):
                             vh = vp_cons.wait_and_advance()
                             kh = vp_cons.wait_and_advance()
-                            self._virtual_step(*vargs, kh, vh, u - n_valid, False)
+                            self._virtual_step(*vargs, kh, vh, u - n_valid, False,
+                                               self._pp(c, u + pp_v - n_valid, pp_n))
                     vhl = vp_cons.wait_and_advance()
                     self._issue_rs(pv_mma, acc_o, tOrP, tOrVp[(None, None, None, vhl.index)])
                     warpgroup.wait_group(0)
@@ -572,6 +638,8 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
                     vhl.release()
                     if cutlass.const_expr(self.share):
                         kv_cons = self._pass(kv_cons, n_o - jo)
+            if n_tiles == 0:  # (no tiles at all: the other list's turns)
+                self._pass_turns(c, 0, pp_v, pp_n)
             if n_vt > 0:
                 # first-order term: acc += s (q H-bar) * g (fwd.py), H-bar from the shared stages
                 qh_thr = qh_mma.get_slice(ctid)
