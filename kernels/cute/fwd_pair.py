@@ -34,37 +34,8 @@ before it can wait on the shared virtual pipeline. tests/test_pair_share_schedul
 under random interleavings (no deadlock; a one-tile-longer hold or the tail pass after the virtual tiles deadlocks
 there); each own tile is computed in the same order as with own pipelines, so the outputs are equal.
 
-Measured on the H200 (2026-12-01, bench/probes/cute_pair.py, attention alone on precomputed routing, pwt d 0.125,
-random inputs, two rounds; raw output bench/results/cute_pair_s7_h200.txt):
-  * Wan2.1-14B 480p: 6.83 / 7.04 ms vs fwd.py's 6.87 / 7.28; 720p 35.65 / 35.97 vs 38.46 / 37.04 (alternated in
-    one process; between separate runs the attention times match within their spread, so the gain is a few %).
-    The virtual part (pwt - the same build without virtual tiles) 1.23 -> 0.80 ms at 480p, 7.0 -> 4.6 at 720p;
-    but the exact part runs 0.27 ms (480p) / 0.77 ms (720p) slower than fwd.py's at 2 CTAs per SM: at one CTA
-    per SM both warpgroups finish together and nothing covers the next CTA's start (the leading explanation,
-    not profiled).
-  * Where the virtual time goes (timing probes, `probe=`): the bias handling costs 0.18 ms at 480p and 0.92 ms
-    at 720p with the one-step-ahead fetch (0.29 / 1.16 ms when loaded at each tile); the first-order GEMM
-    ~0.06 ms. Folded bias rows (float32, log2 units, the token counts added: the virtual loop's SASS 631 -> 454
-    instructions per iteration) measured no faster in session 8 (cute_pair_s8_h200.txt) and were removed.
-    recip_store=True: the epilogue multiplies by one reciprocal per row (its 64 IEEE divisions per thread are a
-    check and a slow-path call each in the SASS, and here both warpgroups' epilogues are exposed at once):
-    session 8, faster in all four pairings (480p 6.74 / 6.82 vs 6.77 / 6.85 ms, 720p 35.15 / 35.61 vs 35.44 /
-    35.76), the default (fwd.RECIP_STORE).
-  * share=True, session 9 (cute_pair_share_s9_h200.txt; the first build hung: _pass lost the consumer's state,
-    see its docstring): every pair test passed, the output equal to the own-list build's (max diff 0), but slower
-    everywhere, also where adjacent lists share 61-68% of their blocks (DiT-like): exact part (no virtual tiles)
-    480p 7.72 vs 6.01 ms random, 7.17 vs 5.82 DiT-like; 720p 40.4 vs 29.8, 36.0 vs 28.7. The lists were then read
-    from global memory at every union tile, by the producer and by each consumer between its GEMMs: a dependent
-    load per tile (its latency not measured here) against a tile step of ~0.58 us per SM (the exact part's 5.8 ms
-    over 40 x 512 x 64 tiles on 132 SMs; a reading of the code, not profiled). Both now read a shared-memory copy
-    (lists up to SHARE_MAX_SEL), compiled (168 registers, no spills), not yet timed.
-  * Tried and not kept, both with the consumer inside a loop over work items: a persistent grid (one CTA per SM,
-    items round-robin) ran the exact part 0.55 ms slower at 480p (6.55 vs 6.00 ms without virtual tiles) and
-    3.5 ms at 720p; CTAs of 1, 2 or 4 adjacent pairs were slower even at one (7.96 / 8.06 ms pwt at 480p). In the
-    SASS of the one-item build the exact loop's shared-memory descriptors left the uniform datapath (26 R2UR and
-    9 divergent regions more per iteration), which alone can explain the one-item number; the rest (L2 locality
-    of the round-robin order) was not separated. Neither make_warp_uniform on the stage indices nor allocating the
-    per-item registers inside the item loop removed those R2UR (compiled after the device time, SASS only).
+Measured history (the pair build against fwd.py's, the timing probes' split of the virtual part, builds tried and
+not kept): bench/results/cute_pair_h200.md.
 """
 from __future__ import annotations
 
@@ -79,6 +50,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import warpgroup
 
 from .fwd import PAIR_SHARE_MAX_SEL, PAIR_VT_STAGES, PiecewiseSparseFwdSm90
+from .pair_sched import PairSchedule
 from .tile_ops import BS, LOG2E
 
 KV_STAGES = 4  # per consumer (fwd.py's measured best at 2 CTAs per SM)
@@ -104,7 +76,7 @@ def _pipe_view(pipe, off):
                                sync_object_empty=_shifted(pipe.sync_object_empty, off))
 
 
-class PairFwdSm90(PiecewiseSparseFwdSm90):
+class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
     """pisa / pwt only; compile-time configuration: exact stages per consumer, shared virtual stages."""
 
     def __init__(self, kv_stages: int = KV_STAGES, vt_stages: int = VT_STAGES, head_dim: int = 128, probe: str = "",
@@ -198,40 +170,6 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
         self._rescale_o(acc_o, alpha)
         self._to_p(acc_s, tOrP)
 
-    def _pp(self, c, step, n_steps):
-        """The ping-pong turn of a step (None without pingpong: _turn and _handover then emit nothing)."""
-        return (c, step, n_steps) if self.pingpong else None
-
-    @cute.jit
-    def _pass_turns(self, c, a, b, n_steps):
-        """pingpong: turns a .. b - 1 passed empty (the exact tiles only the other consumer's list has)."""
-        if cutlass.const_expr(self.pingpong):
-            for u in cutlass.range(a, b, unroll=1):
-                self._turn((c, u, n_steps))
-                self._handover((c, u, n_steps))
-
-    @cute.jit
-    def _turn(self, pp):
-        """pingpong, pp = (c, turn, n_turns): before issuing a step's GEMMs, wait until the other consumer has issued
-        those of the turn before (named barrier 3 + c: this warpgroup's 128 threads wait, the other's 128 arrive),
-        so that one's softmax runs under the other's GEMMs. Both take the same n_turns turns, so every wait meets one
-        arrival. Virtual tile t is turn pp_v + t for both: a consumer waits for a virtual tile's data only when the
-        other has released the tile three slots back, which it does in its step of tile t - 1, a turn earlier; had
-        the turns followed each consumer's own step count, unequal lists would deadlock here (the shorter one
-        waiting for virtual data that the longer one, waiting for its turn, never frees)."""
-        if cutlass.const_expr(pp is not None):
-            cute.arch.barrier(barrier_id=3 + pp[0], number_of_threads=256)
-
-    @cute.jit
-    def _handover(self, pp):
-        """pingpong: after issuing a step's GEMMs, the other consumer's turn. Consumer 1 arrived once before its
-        first step (consumer 0 goes first) and skips the arrival after its last, so each barrier sees n_steps
-        arrivals for n_steps waits and none is left pending when the CTA exits."""
-        if cutlass.const_expr(pp is not None):
-            c, step, n_steps = pp
-            if c == 0 or step < n_steps - 1:
-                cute.arch.barrier_arrive(barrier_id=4 - c, number_of_threads=256)
-
     @cute.jit
     def _bias_fetch(self, bias_h, vrow, tScS, t, n_kv):
         """Issue the raw float16 loads of virtual tile t's bias (one per column slot): converted one step later
@@ -250,41 +188,6 @@ class PairFwdSm90(PiecewiseSparseFwdSm90):
             self._bias_slots(bias, cnt, tScS, t, n_kv, n_last, lambda c, jj: cutlass.Float32(0.0))
         else:
             self._bias_slots(bias, cnt, tScS, t, n_kv, n_last, lambda c, jj: bias_h[c].to(cutlass.Float32) * LOG2E)
-
-    @cute.jit
-    def _head(self, sL, col, j, n, n_kv):
-        """Entry j of list col (0: query block 2p, 1: 2p + 1; in shared memory) of n routed blocks; n_kv (after
-        every block) past its end."""
-        v = sL[cutlass.max(cutlass.min(j, n - 1), 0), col]
-        if j >= n:
-            v = n_kv
-        return v
-
-    @cute.jit
-    def _gap(self, sL, co, jo, n_o, n_kv, a):
-        """share: (g, jo') = the union tiles before block a that only the other list (column co, n_o entries,
-        cursor jo) holds, and that list's cursor past a (both lists ascend, so the union is their sorted merge)."""
-        g = cutlass.Int32(0)
-        vo = self._head(sL, co, jo, n_o, n_kv)
-        while vo < a:
-            g = g + 1
-            jo = jo + 1
-            vo = self._head(sL, co, jo, n_o, n_kv)
-        if vo == a:
-            jo = jo + 1
-        return g, jo
-
-    @cute.jit
-    def _pass(self, kv_cons, g):
-        """share: wait for and release the K and V tiles of g union blocks that the other list alone holds; returns
-        the advanced consumer. A dynamic loop hands its carried state to a new object bound to the loop's own name,
-        so the caller's object would keep the state from before the loop: call as kv_cons = self._pass(...)."""
-        for _ in cutlass.range(g, unroll=1):
-            h = kv_cons.wait_and_advance()
-            h.release()
-            h = kv_cons.wait_and_advance()
-            h.release()
-        return kv_cons
 
     @cute.jit
     def _exact_step(self, qk_mma, pv_mma, acc_s, acc_o, tOrP, sQi, tSrK, tOrV, koff, kv_cons, vh, row_max, row_sum,
