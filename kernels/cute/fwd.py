@@ -120,13 +120,16 @@ PAIR_VT_STAGES = 3  # its shared virtual-tile stages (cute_pair.py, session 7: 3
 # the pair build's virtual loop with every tile but the last as whole blocks: log2(64) in the bias, no per-column
 # bounds, counts or second sum (fwd_pair.py vt_peel; the last tile after the loop, as before). Its sm_90a loop body
 # 632 -> ~450 instructions; session 15's fold (the same idea behind a runtime branch inside the loop) compiled to 849
-# and measured slower. Built in session 16 on the CPU, off until timed on the H200. PSA_CUTE_VT_PEEL=1/0 overrides
+# and measured slower. Built in session 16 on the CPU; session 17 on the H200 (vt_peel_kernel_s17_h200.txt, the kernel
+# alone, medians of 5 alternated rounds): 480p 6.888 -> 6.822 ms, 720p 35.457 -> 35.514; Nsight Compute: 16% fewer
+# instructions in the virtual tiles, the same time (the kernel is latency-bound): off. PSA_CUTE_VT_PEEL=1/0 overrides
 VT_PEEL = False
 # the pair build's two consumers issuing their GEMMs in turn (fwd_pair.py pingpong: FlashAttention-3's warpgroup
 # ping-pong on named barriers). Session 17's Nsight Compute profile of the pair kernel at 480p (ncu_*_s17_h200.csv):
 # tensor pipe 55-57% of its peak, 0.48 eligible warps per scheduler, issue slots 37% busy: latency-bound, not issue-
-# bound (the peel's 16% fewer virtual-tile instructions changed no time). Built on the CPU, off until timed on the
-# H200. PSA_CUTE_PINGPONG=1/0 overrides
+# bound (the peel's 16% fewer virtual-tile instructions changed no time). Session 17 on the H200: equal outputs, its
+# GPU tests pass (unequal lists, odd last block, no virtual tiles), the kernel alone at 480p 6.898 vs 6.923 ms (medians
+# of 3 alternated rounds; 720p not timed): no gain, off. PSA_CUTE_PINGPONG=1/0 overrides
 PINGPONG = False
 
 

@@ -351,7 +351,12 @@ def _forward_gathered(q, k, v, cfg, perm, fperm, n_prefix, config, scratch, atte
 # PSA_MORTON_ROLL (default off until measured on the H200): an attention that takes no permutation (CuTe's) but can
 # be asked to read q through it, in head chunks, gets its q copies in the caller's output instead of a buffer of
 # their own (_forward_rolled): the Morton copies' peak falls from 3 to 2 chunk copies + the statistics (Wan2.1-14B
-# 480p at 2 chunks: 1.74x -> ~1.24x q by arithmetic; in the 3 chunks _roll_heads gives it: ~0.9x)
+# 480p at 2 chunks: 1.74x -> ~1.24x q by arithmetic; in the 3 chunks _roll_heads gives it: ~0.9x). Session 17 on the
+# H200 (switch_morton_roll_s17_h200.txt, as the node calls it, medians of 3): 480p peak 1.74x -> 0.86x q but 7.89 ->
+# 8.28 ms (+4.9%), 720p 0.92x -> 0.67x q at 38.67 -> 38.40 ms. The rule asked <= 3%: off. (Its 480p output moved by up
+# to 3.8e-3 in 1-2 query rows of 14 of 40 heads: copies and block means bit-identical, but the one-pass statistics' H
+# partials per head follow the chunk's head count, 13 at 20 heads, 11 at 12, 9 at 14, so near-tied lists flip;
+# roll_diff_stages_s17_h200.txt)
 MORTON_ROLL = False
 # the rolled chunks' k, v copies stay under this x q at most (below the default budget, unless PSA_MORTON_SCRATCH is
 # set): Wan2.1-14B 480p in 3 chunks of 14/14/12 heads, 0.7x q of copies (2 chunks: 1.0x), 720p in 4 as before

@@ -222,7 +222,10 @@ _arch: dict = {}
 
 # the virtual tiles of whole blocks below the last one in a loop of their own, without masks or counts (VT_PEEL in the
 # kernel; session 15's fold put the same arithmetic behind an scf.if inside the one loop and measured slower). Built in
-# session 16 on the CPU, off until timed on the H200. PSA_TRITON_VT_PEEL=1/0 overrides
+# session 16 on the CPU; session 17 on the H200 (bench/results/vt_peel_kernel_s17_h200.txt, switch_triton_vt_peel_s17):
+# the kernel alone 7.789 -> 7.773 ms at 480p, 42.02 -> 41.72 at 720p (medians of 5), but the whole operator slower
+# in every row (480p 8.83 -> 8.96, 720p 43.8 -> 45.4, FLUX.1's graph replay 0.2875 -> 0.2906 in all 3 rounds): off.
+# PSA_TRITON_VT_PEEL=1/0 overrides
 VT_PEEL = False
 
 
