@@ -680,6 +680,37 @@ PP)  # session 17, last call (carry .carry/cs1; ~170 s of device time left): the
     log "pingpong rc=$? $(grep -v RESULT "$OUT/pingpong_kernel.txt" | cut -c1-1200)"
     run_tests pingpong $((160 - SECONDS)) tests/test_cute_pair_gpu.py -k pingpong
     ;;
+A18)  # next session's first call (carry .carry/cs1; ~6 min): (1) the ping-pong consumers and the CuTe peel at 720p in
+    # the kernel alone, 5 alternated rounds (720p's rounds spread 0.4%, 480p's 3%: session 17 timed ping-pong at 480p
+    # only); (2) Nsight Compute's stall reasons per issued instruction on the pair kernel (pwt, pwt without virtual
+    # tiles) and the one-block drop kernel at 480p: what the exact part waits on (gmma, long scoreboard, barrier,
+    # wait...; session 17's sections said latency-bound without the breakdown); (3) the Morton budget at 480p on the
+    # Triton backend, 1 against 0.75 x q, raster as the yardstick (B16's open question: Triton peaks at 1.24x q there,
+    # the target is <= 1x; session 10 measured 1.29x -> 0.93x for +1.8%). Rules set now: PINGPONG / VT_PEEL on if
+    # faster at 720p in at least 4 of 5 rounds and in the median; Triton's 480p budget to 0.75 if its peak is <= 1x q
+    # and its median time within 3% of raster's
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: Triton only"
+    log "pingpong + peel at 720p"
+    PROBE_T=75600 PROBE_ROUNDS=5 timeout -k 10 150 python bench/probes/vt_peel_kernel.py PSA_CUTE_PINGPONG \
+        PSA_CUTE_VT_PEEL > "$OUT/pingpong_peel_720p.txt" 2>&1
+    log "pingpong_peel_720p rc=$? $(grep -v RESULT "$OUT/pingpong_peel_720p.txt" | cut -c1-1500)"
+    M=gpu__time_duration.sum,smsp__issue_active.avg.pct_of_peak_sustained_active
+    for r in barrier branch_resolving dispatch_stall drain gmma imc_miss lg_throttle long_scoreboard \
+             math_pipe_throttle membar mio_throttle misc no_instruction not_selected selected short_scoreboard \
+             sleeping tex_throttle wait; do
+        M=$M,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio
+    done
+    for var in pwt novt drop; do
+        log "ncu stalls $var"
+        timeout 90 ncu --kernel-name regex:cutlass --launch-skip 1 --launch-count 1 --metrics "$M" --csv \
+            python bench/probes/virtual_ncu.py $var --calls 1 > "$OUT/ncu_stalls_$var.csv" 2> "$OUT/ncu_stalls_$var.err"
+        log "ncu stalls $var rc=$? $(grep -c stalled "$OUT/ncu_stalls_$var.csv") metrics"
+    done
+    log "Triton Morton budget 1 vs 0.75 at 480p"
+    PROBE_BACKENDS=triton PROBE_RASTER=1 PROBE_ROUNDS=3 timeout -k 10 150 python bench/probes/cute_out_perm.py \
+        PSA_MORTON_SCRATCH 1 0.75 > "$OUT/triton_morton_budget.txt" 2>&1
+    log "triton_morton_budget rc=$? $(tail -1 "$OUT/triton_morton_budget.txt" | cut -c1-1500)"
+    ;;
 T)  # the CuTe GPU tests with the stashed picks (after N, when N had no time left for them)
     run_tests cute 300 tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
     ;;
