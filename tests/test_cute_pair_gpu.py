@@ -4,9 +4,11 @@ rounding), against the float64 reference, on an odd number of query blocks (the 
 computes a block it does not store), routing lists of unequal length (band 0 / sinks, -1 padding), no virtual
 tiles (budget >= N), the reciprocal epilogue (PSA_CUTE_RECIP_STORE), one exact pipeline over the union of the two
 lists (PSA_CUTE_PAIR_SHARE; crafted lists with gaps below, at and above its hold-over limit) and the node's Morton
-call. Skipped (one line) without CUDA, an SM90 GPU or nvidia-cutlass-dsl. On the H200 (2026-12-01): 19 tests passed
+call; the peeled virtual loop (PSA_CUTE_VT_PEEL) and the ping-pong consumers (PSA_CUTE_PINGPONG) against the plain
+build. Skipped (one line) without CUDA, an SM90 GPU or nvidia-cutlass-dsl. On the H200 (2026-12-01): 19 tests passed
 in session 7 (bench/results/gpu_tests_s7_h200.log) and the reciprocal-epilogue and Morton tests in session 8; the
-shared-pipeline tests were written after that run."""
+shared-pipeline tests were written after that run. Session 17 (2026-12-03): every test of this file passed on the
+H200 but the q_perm test's cache-key check (fixed after that run), the ping-pong tests among them."""
 import pytest
 import torch
 
@@ -161,12 +163,9 @@ CRAFTED = {
 }
 
 
-@pytest.mark.parametrize("variant", ["pwt", "pisa"])
-@pytest.mark.parametrize("case", sorted(CRAFTED))
-def test_pair_shared_exact_tiles_crafted_lists(case, variant, monkeypatch):
+def _crafted_routing(case, q, k, v, cfg):
+    """The float64 reference's routing with CRAFTED[case]'s lists (even / odd query blocks), -1 padded."""
     from kernels.routing import Routing
-    q, k, v = (rnd((1, 2, 1000, 128), seed=108 + s) for s in range(3))
-    cfg = cfg_of(128, 0.125, variant)
     r, _ = float64_reference(q, k, v, cfg)
     B, H, N, _ = r.exact.shape
     even, odd = CRAFTED[case]
@@ -177,7 +176,15 @@ def test_pair_shared_exact_tiles_crafted_lists(case, variant, monkeypatch):
         idx[:, :, i, :len(x)] = torch.tensor(x, dtype=torch.int32)
         exact[:, :, i, list(x)] = True
     dev = r.exact.device
-    _share_check(q, k, v, cfg, monkeypatch, Routing(idx=idx.to(dev), exact=exact.to(dev), w=r.w))
+    return Routing(idx=idx.to(dev), exact=exact.to(dev), w=r.w)
+
+
+@pytest.mark.parametrize("variant", ["pwt", "pisa"])
+@pytest.mark.parametrize("case", sorted(CRAFTED))
+def test_pair_shared_exact_tiles_crafted_lists(case, variant, monkeypatch):
+    q, k, v = (rnd((1, 2, 1000, 128), seed=108 + s) for s in range(3))
+    cfg = cfg_of(128, 0.125, variant)
+    _share_check(q, k, v, cfg, monkeypatch, _crafted_routing(case, q, k, v, cfg))
 
 
 @pytest.mark.parametrize("share", ["0", "1"])
@@ -235,27 +242,33 @@ def test_pair_shared_exact_tiles_fall_back_above_the_shared_list_size(monkeypatc
     assert not new, new  # no shared build compiled for this call
 
 
+def _node_morton_call(seed, monkeypatch):
+    """(q, call): the node's Morton call on the pair kernel at a Wan-like odd grid ([B, L, H, D] memory, a prefix, B
+    2), CUDA graphs off; call() runs it with the environment as set at that moment."""
+    import math
+    from gpu_common import MORTON_BHD, MORTON_GRID, MORTON_PREFIX, node_layout_qkv
+    from kernels import piecewise_sparse_attention as psa
+    grid, npre, (B, H, D) = MORTON_GRID, MORTON_PREFIX, MORTON_BHD
+    q, k, v = node_layout_qkv(B, npre + math.prod(grid), H, D, seed=seed)
+    monkeypatch.setenv("PSA_CUDA_GRAPHS", "0")
+    monkeypatch.setenv("PSA_CUTE_PAIR", "1")
+    return q, lambda: psa(q, k, v, density=0.125, variant="pwt", reorder="morton", grid=grid, n_prefix=npre,
+                          backend="cute", on_failure="raise")
+
+
 @pytest.mark.parametrize("share", ["0", "1"])
 def test_pair_reads_the_query_rows_through_the_permutation(share, monkeypatch):
     # PSA_CUTE_PAIR_Q_PERM (fwd_pair.py q_perm): the node's Morton call with the pair kernel reading the caller's
     # query rows through the permutation and writing the output through it (only k and v copied, no scatter):
     # the same tiles in the same order as the block-order copies, so the same output
-    import math
-    from gpu_common import MORTON_BHD, MORTON_GRID, MORTON_PREFIX, node_layout_qkv
-    from kernels import piecewise_sparse_attention as psa
     from kernels.cute import fwd as CF
-    grid, npre, (B, H, D) = MORTON_GRID, MORTON_PREFIX, MORTON_BHD
-    q, k, v = node_layout_qkv(B, npre + math.prod(grid), H, D, seed=112)
-    kw = dict(density=0.125, variant="pwt", reorder="morton", grid=grid, n_prefix=npre, backend="cute",
-              on_failure="raise")
-    monkeypatch.setenv("PSA_CUDA_GRAPHS", "0")
-    monkeypatch.setenv("PSA_CUTE_PAIR", "1")
+    q, call = _node_morton_call(112, monkeypatch)
     monkeypatch.setenv("PSA_CUTE_PAIR_SHARE", share)
     monkeypatch.setenv("PSA_CUTE_PAIR_Q_PERM", "0")
-    base = psa(q, k, v, **kw)
+    base = call()
     monkeypatch.setenv("PSA_CUTE_PAIR_Q_PERM", "1")
     assert CF.q_perm_enabled(q.shape[2], "pwt")
-    out = psa(q, k, v, **kw)
+    out = call()
     assert torch.isfinite(out).all() and out.stride() == base.stride()
     assert rel(out, base) <= 1e-5, rel(out, base)
     assert any(key[8] and key[12] for key in CF._compiled), list(CF._compiled)  # the pair build with q_perm ran
@@ -296,20 +309,9 @@ def _pingpong_equal(q, k, v, cfg, routing, monkeypatch, ref=None):
 
 @pytest.mark.parametrize("case", ["disjoint", "long_gap", "one_list_empty", "shifted"])
 def test_pair_pingpong_crafted_unequal_lists(case, monkeypatch):
-    from kernels.routing import Routing
     q, k, v = (rnd((1, 2, 1000, 128), seed=180 + s) for s in range(3))
     cfg = cfg_of(128, 0.125, "pwt")
-    r, _ = float64_reference(q, k, v, cfg)
-    B, H, N, _ = r.exact.shape
-    even, odd = CRAFTED[case]
-    lists = [sorted(set((odd if i % 2 else even)(i))) for i in range(N)]
-    idx = torch.full((B, H, N, max(len(x) for x in lists) or 1), -1, dtype=torch.int32)
-    exact = torch.zeros(B, H, N, N, dtype=torch.bool)
-    for i, x in enumerate(lists):
-        idx[:, :, i, :len(x)] = torch.tensor(x, dtype=torch.int32)
-        exact[:, :, i, list(x)] = True
-    dev = r.exact.device
-    _pingpong_equal(q, k, v, cfg, Routing(idx=idx.to(dev), exact=exact.to(dev), w=r.w), monkeypatch)
+    _pingpong_equal(q, k, v, cfg, _crafted_routing(case, q, k, v, cfg), monkeypatch)
 
 
 @pytest.mark.parametrize("shape, density, band, sinks", [
@@ -326,19 +328,11 @@ def test_pair_pingpong_equals_the_plain_consumers(shape, density, band, sinks, m
 
 
 def test_pair_pingpong_on_the_morton_path_as_the_node_calls_it(monkeypatch):
-    import math
-    from gpu_common import MORTON_BHD, MORTON_GRID, MORTON_PREFIX, node_layout_qkv
-    from kernels import piecewise_sparse_attention as psa
-    grid, npre, (B, H, D) = MORTON_GRID, MORTON_PREFIX, MORTON_BHD
-    q, k, v = node_layout_qkv(B, npre + math.prod(grid), H, D, seed=188)
-    kw = dict(density=0.125, variant="pwt", reorder="morton", grid=grid, n_prefix=npre, backend="cute",
-              on_failure="raise")
-    monkeypatch.setenv("PSA_CUDA_GRAPHS", "0")
-    monkeypatch.setenv("PSA_CUTE_PAIR", "1")
+    _, call = _node_morton_call(188, monkeypatch)
     outs = {}
     for qp in ("0", "1"):  # the block-order q copy, then the query rows read through the permutation
         monkeypatch.setenv("PSA_CUTE_PAIR_Q_PERM", qp)
         for val in ("0", "1"):
             monkeypatch.setenv("PSA_CUTE_PINGPONG", val)
-            outs[qp, val] = psa(q, k, v, **kw)
+            outs[qp, val] = call()
         assert torch.equal(outs[qp, "1"], outs[qp, "0"]), qp
