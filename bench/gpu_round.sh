@@ -21,7 +21,11 @@
 # Session 15: A15 (carry [".carry/cs1"]: every GPU test on session 14's final commit, the statistics, L), B15 (the
 # same carry: three builds behind switches, all slower, removed), C15 (the same carry: break-even table, DiT step), D15 (the node's speed-up curve), E15 (the
 # backward GPU tests). Session 16 (no device time) added A16 and B16 (the same carry: the rolled Morton head chunks, the peeled
-# virtual loop, the Morton budget on both backends, the backward tests).
+# virtual loop, the Morton budget on both backends, the backward tests). Session 17: A16, A17 (the peels in the kernels
+# alone, where the roll's output moves, the fixed tests, every forward test on the defaults), A17b (the roll's stages,
+# the backward tests), P17 (Nsight Compute on the pair kernel), a pieces run, PP (the ping-pong consumers), each
+# carrying [".carry/cs1"]; B16 is superseded (the roll stays off; its backward tests ran in A17b; its Triton budget
+# question is in A18). Next: A18 (carry [".carry/cs1"], rules in its header).
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
 # times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
