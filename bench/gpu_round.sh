@@ -710,6 +710,8 @@ A18)  # next session's first call (carry .carry/cs1; ~6 min): (1) the ping-pong 
             python bench/probes/virtual_ncu.py $var --calls 1 > "$OUT/ncu_stalls_$var.csv" 2> "$OUT/ncu_stalls_$var.err"
         log "ncu stalls $var rc=$? $(grep -c stalled "$OUT/ncu_stalls_$var.csv") metrics"
     done
+    python bench/probes/ncu_table.py "$OUT"/ncu_stalls_{pwt,novt,drop}.csv > "$OUT/ncu_stalls_table.md" 2>&1
+    log "ncu stalls table: $(head -14 "$OUT/ncu_stalls_table.md" | tr '\n' ' ' | cut -c1-1800)"
     log "Triton Morton budget 1 vs 0.75 at 480p"
     PROBE_BACKENDS=triton PROBE_RASTER=1 PROBE_ROUNDS=3 timeout -k 10 150 python bench/probes/cute_out_perm.py \
         PSA_MORTON_SCRATCH 1 0.75 > "$OUT/triton_morton_budget.txt" 2>&1
