@@ -54,6 +54,13 @@ class SparseConfig:
         return math.log(self.block_size)
 
 
+def env_switch(name: str, default: bool) -> bool:
+    """An on/off environment switch of the kernels (PSA_...): unset or blank -> `default`, "0" -> off, else on."""
+    import os
+    v = os.environ.get(name, "").strip()
+    return default if v == "" else v != "0"
+
+
 def _show(x) -> str:
     r = repr(x)
     return f"{type(x).__name__} {r[:60] + '...' if len(r) > 63 else r}"

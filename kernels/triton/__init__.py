@@ -19,7 +19,7 @@ import os
 
 import torch
 
-from ..config import SparseConfig
+from ..config import SparseConfig, env_switch
 from ..dispatch import on_device
 from ..layout import bthd_empty
 
@@ -364,8 +364,7 @@ MORTON_ROLL_FRAC = 0.75
 
 
 def _morton_roll() -> bool:
-    v = os.environ.get("PSA_MORTON_ROLL", "").strip()
-    return MORTON_ROLL if v == "" else v != "0"
+    return env_switch("PSA_MORTON_ROLL", MORTON_ROLL)
 
 
 def _roll_heads(q, hc: int) -> int:

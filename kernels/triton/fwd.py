@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..config import env_switch
+
 log = logging.getLogger("piecewise_sparse_attention")
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -230,8 +232,7 @@ VT_PEEL = False
 
 
 def vt_peel() -> bool:
-    v = os.environ.get("PSA_TRITON_VT_PEEL", "").strip()
-    return VT_PEEL if v == "" else v != "0"
+    return env_switch("PSA_TRITON_VT_PEEL", VT_PEEL)
 
 
 def _tuner(device, tma: bool):
