@@ -684,6 +684,25 @@ PP)  # session 17, last call (carry .carry/cs1; ~170 s of device time left): the
     log "pingpong rc=$? $(grep -v RESULT "$OUT/pingpong_kernel.txt" | cut -c1-1200)"
     run_tests pingpong $((160 - SECONDS)) tests/test_cute_pair_gpu.py -k pingpong
     ;;
+P18)  # session 18, second call (carry .carry/cs1): Nsight Compute's per-instruction stall sampling (SourceCounters)
+    # on the pair kernel (pwt 480p and 720p, pwt without virtual tiles) and the one-block drop kernel at 480p, read by
+    # bench/probes/ncu_sass.py: which instructions the warps wait on (A18's ratios mix producer and consumer warps);
+    # then the pair-kernel and CUDA-graph GPU tests (the q_perm key-index fix and the graph key of session 17, not
+    # yet run on a GPU)
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    for run in pwt novt drop pwt720; do
+        var=${run%720}; T=32760; [ "$run" = pwt720 ] && T=75600
+        log "ncu source $run"
+        timeout 100 ncu --kernel-name regex:cutlass --launch-skip 1 --launch-count 1 --section SourceCounters \
+            --section WarpStateStats --import-source no -f -o "$OUT/sass_$run" \
+            python bench/probes/virtual_ncu.py $var --calls 1 --T $T > "$OUT/sass_$run.err" 2>&1
+        ncu -i "$OUT/sass_$run.ncu-rep" --page source --csv --print-source sass > "$OUT/sass_$run.csv" 2>> "$OUT/sass_$run.err"
+        python bench/probes/ncu_sass.py "$OUT/sass_$run.csv" --top 40 > "$OUT/sass_$run.txt" 2>&1
+        log "ncu source $run rc=$? $(sed -n 1,12p "$OUT/sass_$run.txt" | cut -c1-300 | tr '\n' ' ')"
+    done
+    (cd "$OUT" && rm -f sass_*.ncu-rep; tar czf sass_csv.tgz sass_*.csv sass_*.err && rm -f sass_*.csv sass_*.err)
+    run_tests pair_graphs $((570 - SECONDS)) tests/test_cute_pair_gpu.py tests/test_graphs_gpu.py
+    ;;
 A18)  # next session's first call (carry .carry/cs1; ~6 min): (1) the ping-pong consumers and the CuTe peel at 720p in
     # the kernel alone, 5 alternated rounds (720p's rounds spread 0.4%, 480p's 3%: session 17 timed ping-pong at 480p
     # only); (2) Nsight Compute's stall reasons per issued instruction on the pair kernel (pwt, pwt without virtual
