@@ -684,6 +684,26 @@ PP)  # session 17, last call (carry .carry/cs1; ~170 s of device time left): the
     log "pingpong rc=$? $(grep -v RESULT "$OUT/pingpong_kernel.txt" | cut -c1-1200)"
     run_tests pingpong $((160 - SECONDS)) tests/test_cute_pair_gpu.py -k pingpong
     ;;
+T18)  # session 18, third call (carry .carry/cs1): the pairwise row max / row sum (PSA_CUTE_TREE_MAX, PSA_CUTE_TREE_SUM;
+    # P18's per-instruction sampling: after their own GEMM waits the consumers wait on the chained FMNMX / FADD) in
+    # the kernels alone, pwt (pair kernel) and drop (one-block kernel) at 480p and 720p, 5 alternated rounds; then
+    # the tree sum on top of the tree max; then their GPU tests and every forward GPU test with both on. Rules set
+    # now: TREE_MAX on if its outputs are equal (max diff 0, pwt and drop) and its pwt median is faster at 480p and
+    # 720p with the drop medians not slower by more than 0.5%; TREE_SUM on top of it on the same rule (outputs within
+    # the tests' rounding bound instead of equal), with every GPU test passing
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    log "tree max / tree sum, kernels alone"
+    PROBE_DROP=1 PROBE_ROUNDS=5 timeout -k 10 200 python bench/probes/vt_peel_kernel.py PSA_CUTE_TREE_MAX \
+        PSA_CUTE_TREE_SUM > "$OUT/tree_kernel.txt" 2>&1
+    log "tree rc=$? $(grep -v RESULT "$OUT/tree_kernel.txt" | python bench/probes/ab_brief.py 2>&1 | cut -c1-2500)"
+    log "tree sum on top of the tree max"
+    PROBE_BASE=PSA_CUTE_TREE_MAX=1 PROBE_DROP=1 PROBE_ROUNDS=5 timeout -k 10 120 python bench/probes/vt_peel_kernel.py \
+        PSA_CUTE_TREE_SUM > "$OUT/tree_sum_on_max.txt" 2>&1
+    log "tree_sum_on_max rc=$? $(grep -v RESULT "$OUT/tree_sum_on_max.txt" | python bench/probes/ab_brief.py 2>&1 | cut -c1-1500)"
+    run_tests tree $((330 - SECONDS)) tests/test_cute_pair_gpu.py -k tree
+    PSA_CUTE_TREE_MAX=1 PSA_CUTE_TREE_SUM=1 run_tests fwd_tree_on $((575 - SECONDS)) tests/test_cute_gpu.py \
+        tests/test_cute_pair_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
+    ;;
 P18)  # session 18, second call (carry .carry/cs1): Nsight Compute's per-instruction stall sampling (SourceCounters)
     # on the pair kernel (pwt 480p and 720p, pwt without virtual tiles) and the one-block drop kernel at 480p, read by
     # bench/probes/ncu_sass.py: which instructions the warps wait on (A18's ratios mix producer and consumer warps);

@@ -52,6 +52,11 @@ for approx, q_rs, l2, pf, op in ((False, False, False, False, False), (True, Fal
     name = (("pisa/pwt" if approx else "drop") + (" q_rs" if q_rs else "") + (" bias_l2" if l2 else "")
             + (" bias_pf" if pf else "") + (" out_perm" if op else "") + (" q_perm" if qp else ""))
     builds.append((name, lambda a=(approx, 5, D, q_rs, l2, pf, bool(op), qp): F.PiecewiseSparseFwdSm90(*a), vb, 128))
+# the pairwise row max and row sum (fwd.TREE_MAX / TREE_SUM) in the one-block builds
+for approx in (False, True):
+    name = ("pisa/pwt" if approx else "drop") + " q_rs tree"
+    builds.append((name, lambda a=(approx, 5, D, True): F.PiecewiseSparseFwdSm90(*a, tree_max=True, tree_sum=True),
+                   vb, 128))
 from kernels.cute import fwd_pair as FP  # noqa: E402
 
 for recip, share, qp, peel, pp in ((False, False, False, False, False), (True, False, False, False, False),
@@ -63,6 +68,8 @@ for recip, share, qp, peel, pp in ((False, False, False, False, False), (True, F
     name = ("pisa/pwt pair" + (" recip" if recip else "") + (" share" if share else "") + (" q_perm" if qp else "")
             + (" vt_peel" if peel else "") + (" pingpong" if pp else ""))
     builds.append((name, lambda a=(4, 3, D, "", recip, share, qp, peel, pp): FP.PairFwdSm90(*a), vb, 168))
+builds.append(("pisa/pwt pair recip tree", lambda: FP.PairFwdSm90(4, 3, D, "", True, tree_max=True, tree_sum=True),
+               vb, 168))
 for name, make, vbias, reg_bound in builds:
     for f in os.listdir(dump):
         os.remove(os.path.join(dump, f))

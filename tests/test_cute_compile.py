@@ -13,7 +13,8 @@ FAMILIES = ["drop", "pisa/pwt", "drop q_rs", "pisa/pwt q_rs", "pisa/pwt q_rs bia
             "pisa/pwt pair recip", "pisa/pwt pair recip share", "pisa/pwt q_rs out_perm q_perm",
             "drop q_rs out_perm q_perm", "pisa/pwt pair recip q_perm", "pisa/pwt pair recip share q_perm",
             "pisa/pwt pair recip vt_peel", "pisa/pwt pair recip q_perm vt_peel", "pisa/pwt pair recip pingpong",
-            "pisa/pwt pair recip q_perm pingpong", "pisa/pwt pair recip vt_peel pingpong"]
+            "pisa/pwt pair recip q_perm pingpong", "pisa/pwt pair recip vt_peel pingpong",
+            "drop q_rs tree", "pisa/pwt q_rs tree", "pisa/pwt pair recip tree"]
 
 if importlib.util.find_spec("cutlass") is None:
     pytest.skip("CuTe compile test skipped: nvidia-cutlass-dsl is not installed (pip install .[cute])",

@@ -336,3 +336,36 @@ def test_pair_pingpong_on_the_morton_path_as_the_node_calls_it(monkeypatch):
             monkeypatch.setenv("PSA_CUTE_PINGPONG", val)
             outs[qp, val] = call()
         assert torch.equal(outs[qp, "1"], outs[qp, "0"]), qp
+
+
+# PSA_CUTE_TREE_MAX / PSA_CUTE_TREE_SUM (tile_ops._tree, both CuTe kernels): the row max and row sum of each tile in
+# pairs instead of dependent chains. The max is exact in any order, so the outputs are equal to the chain's; the sum
+# rounds in another order, so it stays within half a bfloat16 ulp of the chain's output and within the reference's
+# tolerance. The pair build (pwt, pisa), the one-block build (PSA_CUTE_PAIR=0) and drop, an odd last block, band 0 +
+# sinks, no virtual tiles, and large logits (the running max moves on most tiles)
+@pytest.mark.parametrize("variant, shape, density, band, sinks, pair", [
+    ("pwt", (1, 2, 936, 128), 0.125, 1, 0, True), ("pisa", (2, 2, 4033, 128), 0.2, 0, 1, True),
+    ("pwt", (1, 2, 936, 128), 1.0, 1, 0, True), ("pwt", (1, 8, 9000, 128), 0.125, 1, 0, True),
+    ("pwt", (1, 2, 1000, 128), 0.125, 1, 0, False), ("drop", (1, 2, 1000, 128), 0.125, 1, 0, False),
+    ("drop", (2, 2, 4033, 128), 0.2, 0, 1, False)],
+    ids=["pwt_odd", "pisa_band0_sinks", "no_virtual", "T9000", "one_block_pwt", "drop", "drop_band0_sinks"])
+@pytest.mark.parametrize("scale", [1.0, 8.0])
+def test_tree_reductions_match_the_chains(variant, shape, density, band, sinks, pair, scale, monkeypatch):
+    q, k, v = (rnd(shape, seed=190 + s) for s in range(3))
+    q = (q.float() * scale).to(q.dtype)
+    cfg = cfg_of(128, density, variant, band=band, sinks=sinks)
+    r, ref = float64_reference(q, k, v, cfg)
+    monkeypatch.setenv("PSA_CUTE_TREE_SUM", "0")
+    base, tmax = (_run_switch(q, k, v, cfg, r, monkeypatch, pair, "PSA_CUTE_TREE_MAX", val) for val in ("0", "1"))
+    assert torch.isfinite(tmax).all()
+    assert torch.equal(tmax, base), f"tree max vs chained max: rel L2 {rel(tmax, base):.2e}"
+    tsum = _run_switch(q, k, v, cfg, r, monkeypatch, pair, "PSA_CUTE_TREE_SUM", "1")  # on top of the tree max
+    assert torch.isfinite(tsum).all()
+    d = float((tsum.float() - base.float()).abs().max() / base.float().abs().max().clamp_min(1e-30))
+    assert d <= ROUNDING[torch.bfloat16] * 2, f"tree sum vs chained sum: max diff {d:.2e} of the largest output"
+    assert rel(tsum, ref) <= REF_TOL, f"tree sum vs float64 reference: rel L2 {rel(tsum, ref):.2e}"
+
+
+def _run_switch(q, k, v, cfg, routing, monkeypatch, pair, env, val):
+    monkeypatch.setenv(env, val)
+    return _run(q, k, v, cfg, routing, monkeypatch, pair)

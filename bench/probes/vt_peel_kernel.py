@@ -5,7 +5,9 @@ carry the statistics, routing, copies and host time around a ~1 ms difference, t
 rounds of one build 7.83-7.93 ms, of the other 7.93-8.46). Also the CuTe pwt kernel without its virtual tiles
 (probe="novt") so each row's virtual part is pwt - novt. Other attention switches the same way: name them
 (a PSA_CUTE_* switch times the CuTe kernel, any other the Triton one; session 17: PSA_CUTE_PINGPONG), and
-PROBE_T=32760 keeps one size. Prints one line `RESULT {...}`.
+PROBE_T=32760 keeps one size. Session 18: PROBE_DROP=1 also times the one-block drop kernel (the exact part's own
+kernel) per CuTe switch (drop_op0 / drop_op1), and PROBE_BASE="PSA_A=1,PSA_B=0" sets switches under both arms
+(a switch on top of another one). Prints one line `RESULT {...}`.
 
     python bench/probes/vt_peel_kernel.py [PSA_NAME ...]
 """
@@ -24,6 +26,9 @@ from kernels.triton import fwd as ktf  # noqa: E402
 from kernels.triton import stats as kts  # noqa: E402
 
 ROUNDS = int(os.environ.get("PROBE_ROUNDS", "5"))
+DROP = os.environ.get("PROBE_DROP", "0") == "1"
+for kv in filter(None, os.environ.get("PROBE_BASE", "").split(",")):
+    os.environ[kv.split("=")[0]] = kv.split("=")[1]
 try:
     kcf = importlib.import_module("kernels.cute.fwd")
     import cutlass.cute  # noqa: F401
@@ -33,11 +38,12 @@ except Exception as e:  # Triton rows only
 ENVS = [a for a in sys.argv[1:] if a.startswith("PSA_")] or ["PSA_TRITON_VT_PEEL", "PSA_CUTE_VT_PEEL"]
 SIZES = [(n, t) for n, t in (("wan14", 32760), ("wan14_720", 75600))
          if str(t) in os.environ.get("PROBE_T", "32760,75600").split(",")]
-res = {"rounds": ROUNDS, "envs": ENVS}
+res = {"rounds": ROUNDS, "envs": ENVS, "base": os.environ.get("PROBE_BASE", "")}
 for name, T in SIZES:
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 40, T, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     cfg = SparseConfig(density=0.125, variant="pwt", band=1, n_sink_blocks=0, scale=128 ** -0.5)
+    cfg_drop = SparseConfig(density=0.125, variant="drop", band=1, n_sink_blocks=0, scale=128 ** -0.5)
     st = kts.block_stats(q, k, v, cfg)
     idx, vbias = kts.route(st, cfg, q.dtype)
     if getattr(st, "hbar", None) is None and hasattr(kts, "finalize_hbar"):
@@ -58,6 +64,12 @@ for name, T in SIZES:
                     outs[op] = out.clone()
                     d[f"op{op}_r{r}_ms"] = do_bench(call, warmup=25, rep=300 if T < 50000 else 800,
                                                     return_mode="median")
+                    if be == "cute" and DROP:  # the same exact tiles through the one-block kernel
+                        drop = lambda: kcf.attention(q, k, v, out, st, idx, None, cfg_drop)  # noqa: E731
+                        drop()
+                        outs["drop" + op] = out.clone()
+                        d[f"drop_op{op}_r{r}_ms"] = do_bench(drop, warmup=25, rep=300 if T < 50000 else 800,
+                                                             return_mode="median")
                 if be == "cute":
                     os.environ[env] = "0"
                     d[f"novt_r{r}_ms"] = do_bench(lambda: kcf.attention(q, k, v, out, st, idx, vbias, cfg,
@@ -69,6 +81,12 @@ for name, T in SIZES:
                 p = "" if op == "novt" else "op"
                 d[f"{p}{op}_median_ms"] = statistics.median(d[f"{p}{op}_r{r}_ms"] for r in range(ROUNDS))
             d["op1_faster_rounds"] = sum(d[f"op1_r{r}_ms"] < d[f"op0_r{r}_ms"] for r in range(ROUNDS))
+            if "drop0" in outs:
+                d["drop_maxdiff"] = float((outs["drop0"].float() - outs["drop1"].float()).abs().max())
+                for op in ("0", "1"):
+                    d[f"drop_op{op}_median_ms"] = statistics.median(d[f"drop_op{op}_r{r}_ms"] for r in range(ROUNDS))
+                d["drop_op1_faster_rounds"] = sum(d[f"drop_op1_r{r}_ms"] < d[f"drop_op0_r{r}_ms"]
+                                                  for r in range(ROUNDS))
             if be == "cute":
                 for op in ("0", "1"):
                     d[f"virtual_op{op}_ms"] = d[f"op{op}_median_ms"] - d["novt_median_ms"]

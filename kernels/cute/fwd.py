@@ -131,14 +131,25 @@ VT_PEEL = False
 # GPU tests pass (unequal lists, odd last block, no virtual tiles), the kernel alone at 480p 6.898 vs 6.923 ms (medians
 # of 3 alternated rounds; 720p not timed): no gain, off. PSA_CUTE_PINGPONG=1/0 overrides
 PINGPONG = False
+# the per-tile row max (TREE_MAX) and row sum (TREE_SUM) of the online softmax as pairwise reductions of depth 4
+# instead of dependent chains of 16 (tile_ops._tree), in both CuTe kernels. Session 18's per-instruction stall
+# sampling (Nsight Compute SourceCounters, bench/results/sass_stalls_s18_h200.md) puts the consumers' time, after
+# their own GEMM waits, on dependent chains: the row max's 16 FMNMX per row each wait on the previous one. The
+# tree max gives bitwise the same output; the tree sum rounds the row sum in another order. Built on the CPU in
+# session 18, off until timed. PSA_CUTE_TREE_MAX / PSA_CUTE_TREE_SUM=1/0 override
+TREE_MAX = False
+TREE_SUM = False
 
 
 class PiecewiseSparseFwdSm90(TileOps):
     """Compile-time configuration: variant family (exact only, or exact + virtual tokens) and stages."""
 
     def __init__(self, approx: bool, kv_stages: int = 4, head_dim: int = 128, q_rs: bool = False,
-                 bias_l2: bool = False, bias_pf: bool = False, out_perm: bool = False, q_perm: bool = False):
+                 bias_l2: bool = False, bias_pf: bool = False, out_perm: bool = False, q_perm: bool = False,
+                 tree_max: bool = False, tree_sum: bool = False):
         self.approx = approx
+        self.tree_max = tree_max  # tile_ops._online_softmax's row max in pairs (TREE_MAX)
+        self.tree_sum = tree_sum  # and its row sum (TREE_SUM)
         self.q_rs = q_rs  # S = Q K^T with Q from registers (read from shared memory once per CTA)
         self.bias_l2 = bias_l2  # the producer prefetches this query block's bias row into L2 at the start
         self.bias_pf = bias_pf  # a virtual tile's bias loaded one softmax earlier (after the previous tile's)
@@ -582,8 +593,10 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
                  "exceed the shared exact pipeline's %d: a pipeline per list", idx.shape[-1], PAIR_SHARE_MAX_SEL)
         share = False
     pingpong = pingpong and not share
+    tree_max = _env_flag("PSA_CUTE_TREE_MAX", TREE_MAX)
+    tree_sum = _env_flag("PSA_CUTE_TREE_SUM", TREE_SUM)
     key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm, vt_stages, probe, recip, share,
-           bool(q_perm), vt_peel, pingpong)
+           bool(q_perm), vt_peel, pingpong, tree_max, tree_sum)
     args = [_cute(x) for x in (q, k, v, out, kb, vm, hb)]
     args += [from_dlpack(vb.detach(), assumed_align=vb.element_size()).mark_layout_dynamic(leading_dim=3),
              from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3),
@@ -601,9 +614,10 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
                     from .fwd_pair import PairFwdSm90
 
                     kern = PairFwdSm90(stages, vt_stages, D, probe, recip, share, bool(q_perm), vt_peel,
-                                       pingpong)
+                                       pingpong, tree_max=tree_max, tree_sum=tree_sum)
                 else:
-                    kern = PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2, bias_pf, out_perm, bool(q_perm))
+                    kern = PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2, bias_pf, out_perm, bool(q_perm),
+                                                  tree_max=tree_max, tree_sum=tree_sum)
                 fn = cute.compile(kern, *args, *scal, stream)
                 dt = time.perf_counter() - t0
                 _compile_seconds[str(key)] = dt

@@ -81,10 +81,11 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
 
     def __init__(self, kv_stages: int = KV_STAGES, vt_stages: int = VT_STAGES, head_dim: int = 128, probe: str = "",
                  recip_store: bool = False, share: bool = False, q_perm: bool = False, vt_peel: bool = False,
-                 pingpong: bool = False):
+                 pingpong: bool = False, tree_max: bool = False, tree_sum: bool = False):
         # q_perm (Morton): query row t read from row mPerm[t] of the caller's q into the consumer's registers (no TMA,
         # no block-order copy of q) and the output written through mPerm (fwd.py's q_perm)
-        super().__init__(True, kv_stages, head_dim, q_rs=True, out_perm=q_perm, q_perm=q_perm)
+        super().__init__(True, kv_stages, head_dim, q_rs=True, out_perm=q_perm, q_perm=q_perm, tree_max=tree_max,
+                         tree_sum=tree_sum)
         self.recip_store = recip_store  # the epilogue multiplies by 1 / row sum (tile_ops._store_rows)
         self.vt_stages = vt_stages
         # one exact-tile pipeline for both consumers, fed with the union of their two lists (a block both lists

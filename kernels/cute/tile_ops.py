@@ -231,11 +231,18 @@ class TileOps:
             raw_max = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
             for r in cutlass.range_constexpr(n_rows):
                 raw_max[r] = -cutlass.Float32.inf
-            for e in cutlass.range_constexpr(cute.size(acc_s)):
-                r = self._row_slot_e(e)
-                raw_max[r] = cute.arch.fmax(raw_max[r], acc_s[e])
+            if cutlass.const_expr(self.tree_max):
+                for r in cutlass.range_constexpr(n_rows):
+                    raw_max[r] = self._tree(acc_s, r, cute.arch.fmax)
+            else:
+                for e in cutlass.range_constexpr(cute.size(acc_s)):
+                    r = self._row_slot_e(e)
+                    raw_max[r] = cute.arch.fmax(raw_max[r], acc_s[e])
             for r in cutlass.range_constexpr(n_rows):
                 new_max[r] = cute.arch.fmax(new_max[r], raw_max[r] * scale_log2)
+        elif cutlass.const_expr(self.tree_max):
+            for r in cutlass.range_constexpr(n_rows):
+                new_max[r] = cute.arch.fmax(new_max[r], self._tree(acc_s, r, cute.arch.fmax))
         else:
             for e in cutlass.range_constexpr(cute.size(acc_s)):
                 r = self._row_slot_e(e)
@@ -257,18 +264,24 @@ class TileOps:
             r = self._row_slot_e(e)
             if cutlass.const_expr(not virtual):
                 p = cute.math.exp2(acc_s[e] * scale_log2 - new_max[r], fastmath=True)
-                psum[r] = psum[r] + p
+                if cutlass.const_expr(not self.tree_sum):
+                    psum[r] = psum[r] + p
                 acc_s[e] = p
             elif cutlass.const_expr(full):
                 p = cute.math.exp2(acc_s[e] - new_max[r], fastmath=True)
-                psum[r] = psum[r] + p
+                if cutlass.const_expr(not self.tree_sum):
+                    psum[r] = psum[r] + p
                 acc_s[e] = p
             else:
                 p = cute.math.exp2(acc_s[e] - new_max[r], fastmath=True)
                 gsum[r] = gsum[r] + p
                 pn = p * cnt[self._col_slot_e(e)]
-                psum[r] = psum[r] + pn
+                if cutlass.const_expr(not self.tree_sum):
+                    psum[r] = psum[r] + pn
                 acc_s[e] = pn
+        if cutlass.const_expr(self.tree_sum):  # the same sums in pairs: depth 4 instead of a chain of 16 adds
+            for r in cutlass.range_constexpr(n_rows):
+                psum[r] = self._tree(acc_s, r, lambda a, b: a + b)
         for r in cutlass.range_constexpr(n_rows):
             row_sum[r] = row_sum[r] * alpha[r] + psum[r]
             if cutlass.const_expr(virtual and full):
@@ -288,6 +301,17 @@ class TileOps:
                 for e in cutlass.range_constexpr(cute.size(acc_o)):
                     if cutlass.const_expr(self._row_slot_e(e) == r):
                         acc_o[e] = acc_o[e] * alpha[r]
+
+    def _tree(self, acc, r, op):
+        """op over row slot r's elements of acc (S or P) in pairs, at trace time: a reduction of depth log2(16)
+        = 4 instead of a dependent chain of 16 (Nsight Compute's per-instruction sampling, session 18: the chained
+        row max and row sum are the consumers' longest waits after their own GEMMs). For the max the result is
+        bitwise the chain's (max is exact in any order; fmax drops a NaN operand either way)."""
+        vals = [acc[e] for e in range(cute.size(acc)) if self._row_slot_e(e) == r]
+        while len(vals) > 1:
+            nxt = [op(vals[i], vals[i + 1]) for i in range(0, len(vals) - 1, 2)]
+            vals = nxt + vals[len(nxt) * 2:]
+        return vals[0]
 
     def _row_slot_e(self, e: int) -> int:
         # row slot of accumulator element e (S or O): WGMMA fp32 order per thread is (2 cols, 2 row halves,
