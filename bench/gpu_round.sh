@@ -684,6 +684,20 @@ PP)  # session 17, last call (carry .carry/cs1; ~170 s of device time left): the
     log "pingpong rc=$? $(grep -v RESULT "$OUT/pingpong_kernel.txt" | cut -c1-1200)"
     run_tests pingpong $((160 - SECONDS)) tests/test_cute_pair_gpu.py -k pingpong
     ;;
+F18)  # session 18, last call (carry .carry/cs1): the pair kernel with one part removed at a time (bench/probes/
+    # pair_split.py: no GEMMs, no softmax, neither = the tile stream alone; with and without the virtual tiles) at
+    # 480p and 720p; then the Triton and API GPU tests and the backward tests (session 17's env_switch, host code,
+    # not yet run on a GPU). Diagnostic only: no default rides on it
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: no split"
+    log "pair split"
+    timeout -k 10 260 python bench/probes/pair_split.py > "$OUT/pair_split.txt" 2>&1
+    log "pair_split rc=$? $(grep -v RESULT "$OUT/pair_split.txt" | cut -c1-1500)"
+    run_tests triton $((420 - SECONDS)) tests/test_triton_gpu.py tests/test_api_errors.py
+    log "pytest backward"
+    timeout $((585 - SECONDS)) python -m pytest -q -p no:cacheprovider -n 2 -m gpu tests/test_backward_gpu.py \
+        > "$OUT/tests_bwd.log" 2>&1
+    log "pytest backward rc=$? $(tail -1 "$OUT/tests_bwd.log")"
+    ;;
 T18)  # session 18, third call (carry .carry/cs1): the pairwise row max / row sum (PSA_CUTE_TREE_MAX, PSA_CUTE_TREE_SUM;
     # P18's per-instruction sampling: after their own GEMM waits the consumers wait on the chained FMNMX / FADD) in
     # the kernels alone, pwt (pair kernel) and drop (one-block kernel) at 480p and 720p, 5 alternated rounds; then

@@ -580,8 +580,12 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
         pair = _env_flag("PSA_CUTE_PAIR", n >= PAIR_MIN_BLOCKS)
     pair = approx and q_rs and not (bias_l2 or bias_pf) and (q_perm or not out_perm) and bool(pair)
     vt_stages = int(os.environ.get("PSA_CUTE_VT_STAGES", PAIR_VT_STAGES)) if pair else 0
-    if probe == "novt":  # timing probe: the approx build with no virtual tiles (the exact loop alone)
-        n_vt, probe = 0, ("novt" if not pair else "")
+    if probe.startswith("novt"):  # timing probe: the approx build with no virtual tiles (the exact loop alone),
+        # "novt+PROBE" with another pair-build probe on top (fwd_pair.py)
+        rest = probe[4:].lstrip("+")
+        if rest and not pair:
+            raise ValueError("cute backend: timing probes run on the pair build only")
+        n_vt, probe = 0, ("novt" if not pair else rest)
     elif probe and not pair:
         raise ValueError("cute backend: timing probes run on the pair build only")
     recip = pair and (_env_flag("PSA_CUTE_RECIP_STORE", RECIP_STORE) if recip is None else bool(recip))

@@ -96,8 +96,9 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
         self.gap_max = kv_stages - 1
         # timing probes only (bench/probes/cute_pair.py --split; wrong outputs): "nobias" (virtual tiles without
         # their bias / count loads), "asexact" (virtual tiles through the exact tiles' softmax, no bias),
-        # "nohbar" (the first-order GEMM skipped, its tiles still waited for)
-        assert probe in ("", "nobias", "asexact", "nohbar")
+        # "nohbar" (the first-order GEMM skipped, its tiles still waited for); "nogemm", "nosoftmax", "stream"
+        # (tile_ops._probe_skips: the exact / virtual loop without its GEMMs, its softmax, or both)
+        assert probe in ("", "nobias", "asexact", "nohbar", "nogemm", "nosoftmax", "stream")
         self.probe = probe
         # every virtual tile but the last without per-column bounds and counts (log2(BS) in the bias), the last one
         # as before, after the loop (fwd.VT_PEEL)
