@@ -623,7 +623,7 @@ B16)  # session 16, second call (carry .carry/cs1): the roll's own cost (3 chunk
         python bench/probes/cute_out_perm.py PSA_MORTON_SCRATCH 1 0.75 > "$OUT/morton_budget_roll.txt" 2>&1
     log "morton_budget_roll rc=$? $(tail -1 "$OUT/morton_budget_roll.txt" | cut -c1-1500)"
     log "pytest backward"
-    timeout $((585 - SECONDS)) python -m pytest -q -p no:cacheprovider -n 2 -m gpu tests/test_backward_gpu.py \
+    timeout $((545 - SECONDS)) python -m pytest -q -p no:cacheprovider -n 2 -m gpu tests/test_backward_gpu.py \
         > "$OUT/tests_bwd.log" 2>&1
     log "pytest backward rc=$? $(tail -1 "$OUT/tests_bwd.log")"
     ;;
@@ -692,9 +692,9 @@ F18)  # session 18, last call (carry .carry/cs1): the pair kernel with one part 
     log "pair split"
     timeout -k 10 260 python bench/probes/pair_split.py > "$OUT/pair_split.txt" 2>&1
     log "pair_split rc=$? $(grep -v RESULT "$OUT/pair_split.txt" | cut -c1-1500)"
-    run_tests triton $((420 - SECONDS)) tests/test_triton_gpu.py tests/test_api_errors.py
+    run_tests triton $((390 - SECONDS)) tests/test_triton_gpu.py tests/test_api_errors.py
     log "pytest backward"
-    timeout $((585 - SECONDS)) python -m pytest -q -p no:cacheprovider -n 2 -m gpu tests/test_backward_gpu.py \
+    timeout $((545 - SECONDS)) python -m pytest -q -p no:cacheprovider -n 2 -m gpu tests/test_backward_gpu.py \
         > "$OUT/tests_bwd.log" 2>&1
     log "pytest backward rc=$? $(tail -1 "$OUT/tests_bwd.log")"
     ;;
