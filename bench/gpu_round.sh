@@ -25,7 +25,9 @@
 # alone, where the roll's output moves, the fixed tests, every forward test on the defaults), A17b (the roll's stages,
 # the backward tests), P17 (Nsight Compute on the pair kernel), a pieces run, PP (the ping-pong consumers), each
 # carrying [".carry/cs1"]; B16 is superseded (the roll stays off; its backward tests ran in A17b; its Triton budget
-# question is in A18). Next: A18 (carry [".carry/cs1"], rules in its header).
+# question is in A18). Session 18: A18, P18 (per-instruction stall sampling), T18 (the tree reductions), F18 (the pair
+# kernel split: no GEMMs / no softmax / neither; two calls were taken back before they finished, so F18 ran with
+# F18_END=270 and its Triton tests were cut). Next: A19 (carry [".carry/cs1"], rules in its header).
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
 # times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
@@ -683,6 +685,33 @@ PP)  # session 17, last call (carry .carry/cs1; ~170 s of device time left): the
         > "$OUT/pingpong_kernel.txt" 2>&1
     log "pingpong rc=$? $(grep -v RESULT "$OUT/pingpong_kernel.txt" | cut -c1-1200)"
     run_tests pingpong $((160 - SECONDS)) tests/test_cute_pair_gpu.py -k pingpong
+    ;;
+A19)  # next session's first call (carry .carry/cs1; ~8 min): session 18's CPU builds, all off, all scheduling only
+    # (equal outputs): PSA_CUTE_PV_FENCE (a CTA fence keeps ptxas from hoisting the P V wait above the softmax: the
+    # sm_90a SASS of both kernels has the WARPGROUP.DEPBAR before the first MUFU.EX2 without it, after the last one
+    # with it), PSA_CUTE_PV_FENCE_VT (the same in the pair kernel's virtual tiles), PSA_CUTE_S_AHEAD (the S GEMM one
+    # tile ahead of the softmax). (1) the split (pair_split.py) with the fence: do the GEMMs and the softmax now
+    # overlap (session 18 without it, 480p: stream 4.75, + GEMMs 4.87, + softmax 4.76, + both 5.82)? (2) each switch
+    # against the default in the kernels alone, pwt and drop, 480p and 720p, 5 rounds; then the vt fence and S_AHEAD
+    # on top of the fence; (3) their GPU tests, every forward GPU test with all three on. Rules set now: PV_FENCE on
+    # if the pwt medians are faster at 480p and 720p in >= 4 of 5 rounds each and the drop medians are not slower
+    # by more than 0.5%; PV_FENCE_VT and S_AHEAD each on top of the chosen build on the same rule; outputs equal
+    # (max diff 0) and every GPU test passing. Prediction: with the overlap back, the exact part (novt) 5.8 ->
+    # ~5.1-5.3 ms at 480p (the stream, 4.75, is the floor), pwt 6.8 -> ~6.1-6.3
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    log "pair split with the P V fence"
+    PSA_CUTE_PV_FENCE=1 PSA_CUTE_PV_FENCE_VT=1 PROBE_ROUNDS=2 timeout -k 10 130 python bench/probes/pair_split.py \
+        > "$OUT/pair_split_fence.txt" 2>&1
+    log "pair_split_fence rc=$? $(grep -v RESULT "$OUT/pair_split_fence.txt" | cut -c1-1500)"
+    log "fences and S ahead, kernels alone"
+    PROBE_DROP=1 PROBE_ROUNDS=5 timeout -k 10 200 python bench/probes/vt_peel_kernel.py PSA_CUTE_PV_FENCE \
+        PSA_CUTE_S_AHEAD > "$OUT/sched_kernel.txt" 2>&1
+    log "sched rc=$? $(grep -v RESULT "$OUT/sched_kernel.txt" | python bench/probes/ab_brief.py 2>&1 | cut -c1-2500)"
+    PROBE_BASE=PSA_CUTE_PV_FENCE=1 PROBE_ROUNDS=5 timeout -k 10 150 python bench/probes/vt_peel_kernel.py \
+        PSA_CUTE_PV_FENCE_VT PSA_CUTE_S_AHEAD > "$OUT/sched_on_fence.txt" 2>&1
+    log "sched_on_fence rc=$? $(grep -v RESULT "$OUT/sched_on_fence.txt" | python bench/probes/ab_brief.py 2>&1 | cut -c1-2000)"
+    PSA_CUTE_PV_FENCE=1 PSA_CUTE_PV_FENCE_VT=1 PSA_CUTE_S_AHEAD=1 run_tests fwd_sched_on $((585 - SECONDS)) \
+        tests/test_cute_pair_gpu.py tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
     ;;
 F18)  # session 18, last call (carry .carry/cs1): the pair kernel with one part removed at a time (bench/probes/
     # pair_split.py: no GEMMs, no softmax, neither = the tile stream alone; with and without the virtual tiles) at

@@ -70,6 +70,13 @@ for recip, share, qp, peel, pp in ((False, False, False, False, False), (True, F
     builds.append((name, lambda a=(4, 3, D, "", recip, share, qp, peel, pp): FP.PairFwdSm90(*a), vb, 168))
 builds.append(("pisa/pwt pair recip tree", lambda: FP.PairFwdSm90(4, 3, D, "", True, tree_max=True, tree_sum=True),
                vb, 168))
+# the P V fence (fwd.PV_FENCE / PV_FENCE_VT) and the S GEMM one tile ahead (fwd.S_AHEAD)
+builds.append(("pisa/pwt pair recip pv_fence s_ahead", lambda: FP.PairFwdSm90(4, 3, D, "", True, s_ahead=True,
+                                                                               pv_fence=True, pv_fence_vt=True),
+               vb, 168))
+builds.append(("pisa/pwt pair recip q_perm s_ahead", lambda: FP.PairFwdSm90(4, 3, D, "", True, q_perm=True,
+                                                                             s_ahead=True), vb, 168))
+builds.append(("drop q_rs pv_fence", lambda: F.PiecewiseSparseFwdSm90(False, 5, D, True, pv_fence=True), vb, 128))
 for name, make, vbias, reg_bound in builds:
     for f in os.listdir(dump):
         os.remove(os.path.join(dump, f))

@@ -14,7 +14,8 @@ FAMILIES = ["drop", "pisa/pwt", "drop q_rs", "pisa/pwt q_rs", "pisa/pwt q_rs bia
             "drop q_rs out_perm q_perm", "pisa/pwt pair recip q_perm", "pisa/pwt pair recip share q_perm",
             "pisa/pwt pair recip vt_peel", "pisa/pwt pair recip q_perm vt_peel", "pisa/pwt pair recip pingpong",
             "pisa/pwt pair recip q_perm pingpong", "pisa/pwt pair recip vt_peel pingpong",
-            "drop q_rs tree", "pisa/pwt q_rs tree", "pisa/pwt pair recip tree"]
+            "drop q_rs tree", "pisa/pwt q_rs tree", "pisa/pwt pair recip tree",
+            "pisa/pwt pair recip pv_fence s_ahead", "pisa/pwt pair recip q_perm s_ahead", "drop q_rs pv_fence"]
 
 if importlib.util.find_spec("cutlass") is None:
     pytest.skip("CuTe compile test skipped: nvidia-cutlass-dsl is not installed (pip install .[cute])",

@@ -369,3 +369,60 @@ def test_tree_reductions_match_the_chains(variant, shape, density, band, sinks, 
 def _run_switch(q, k, v, cfg, routing, monkeypatch, pair, env, val):
     monkeypatch.setenv(env, val)
     return _run(q, k, v, cfg, routing, monkeypatch, pair)
+
+
+# PSA_CUTE_PV_FENCE / PSA_CUTE_PV_FENCE_VT (tile_ops._pv_wait: a CTA fence keeps ptxas from hoisting the P V wait
+# above the softmax) and PSA_CUTE_S_AHEAD (pair_sched._ahead_exact: S of tile u issued before the softmax of u - 1):
+# scheduling only, the same operations per tile, so the outputs equal the default build's. Lists of 0, 1, 2 and many
+# exact tiles (crafted, one block, two blocks, band 0 + sinks), an odd last block, no virtual tiles, the one-block
+# kernel and drop (PV_FENCE), and the node's Morton call
+_SCHED = ["PSA_CUTE_PV_FENCE", "PSA_CUTE_PV_FENCE_VT", "PSA_CUTE_S_AHEAD"]
+
+
+def _sched_equal(q, k, v, cfg, routing, monkeypatch, pair=True, ref=None):
+    for env in _SCHED:
+        monkeypatch.setenv(env, "0")
+    base = _run(q, k, v, cfg, routing, monkeypatch, pair)
+    for on in ([e] for e in _SCHED) if pair else (["PSA_CUTE_PV_FENCE"],):
+        for env in _SCHED:
+            monkeypatch.setenv(env, "1" if env in on or on == _SCHED else "0")
+        out = _run(q, k, v, cfg, routing, monkeypatch, pair)
+        assert torch.isfinite(out).all(), on
+        assert torch.equal(out, base), f"{on} vs the default build: rel L2 {rel(out, base):.2e}"
+    if pair:  # all three at once
+        for env in _SCHED:
+            monkeypatch.setenv(env, "1")
+        out = _run(q, k, v, cfg, routing, monkeypatch, pair)
+        assert torch.equal(out, base), f"all three vs the default build: rel L2 {rel(out, base):.2e}"
+    if ref is not None:
+        assert rel(base, ref) <= REF_TOL
+
+
+@pytest.mark.parametrize("case", ["disjoint", "long_gap", "one_list_empty", "shifted"])
+def test_sched_switches_crafted_lists(case, monkeypatch):
+    q, k, v = (rnd((1, 2, 1000, 128), seed=200 + s) for s in range(3))
+    cfg = cfg_of(128, 0.125, "pwt")
+    _sched_equal(q, k, v, cfg, _crafted_routing(case, q, k, v, cfg), monkeypatch)
+
+
+@pytest.mark.parametrize("variant, shape, density, band, sinks, pair", [
+    ("pwt", (1, 2, 936, 128), 0.125, 1, 0, True), ("pisa", (2, 2, 4033, 128), 0.2, 0, 1, True),
+    ("pwt", (1, 1, 64, 128), 0.125, 1, 0, True), ("pwt", (1, 2, 128, 128), 0.5, 0, 0, True),
+    ("pwt", (1, 2, 936, 128), 1.0, 1, 0, True), ("pwt", (1, 8, 9000, 128), 0.125, 1, 0, True),
+    ("pwt", (1, 2, 1000, 128), 0.125, 1, 0, False), ("drop", (2, 2, 4033, 128), 0.2, 0, 1, False)],
+    ids=["odd", "pisa_band0_sinks", "one_block", "two_blocks", "no_virtual", "T9000", "one_block_kernel", "drop"])
+def test_sched_switches_equal_the_default_build(variant, shape, density, band, sinks, pair, monkeypatch):
+    q, k, v = (rnd(shape, seed=204 + s) for s in range(3))
+    cfg = cfg_of(128, density, variant, band=band, sinks=sinks)
+    r, ref = float64_reference(q, k, v, cfg)
+    _sched_equal(q, k, v, cfg, r, monkeypatch, pair, ref)
+
+
+def test_sched_switches_on_the_morton_path_as_the_node_calls_it(monkeypatch):
+    _, call = _node_morton_call(208, monkeypatch)
+    for env in _SCHED:
+        monkeypatch.setenv(env, "0")
+    base = call()
+    for env in _SCHED:
+        monkeypatch.setenv(env, "1")
+    assert torch.equal(call(), base)

@@ -73,72 +73,10 @@ log = logging.getLogger("piecewise_sparse_attention")
 IMPORT_ERROR = None  # this module only imports when nvidia-cutlass-dsl does (kernels/cute/__init__.py)
 
 D_SUPPORTED = 128
-# S = Q K^T with the query tile in registers (PSA_CUTE_QRS=1/0 overrides): every S GEMM then reads only K from
-# shared memory, which the TMA writes and both GEMMs' B operands also use. H200, 2026-12-01 (pieces_h200.md,
-# session 4; on and off alternated twice per shape in each of two runs): faster in 20 of 24 pairs, by up to 12%
-# (e.g. Wan2.1-14B 480p pwt 6.60-6.95 vs 6.95-7.11 ms), within a ~5% run-to-run spread; bitwise the same output
-Q_RS = True
-# pisa / pwt: the producer prefetches the query block's bias row into L2 (PSA_CUTE_BIAS_L2). H200 (bias_l2.py, session
-# 6, two rounds): 480p 6.89 / 7.05 ms vs 7.20 / 6.97 off, 720p 35.98 / 37.33 vs 35.84 / 37.17: no gain, off
-BIAS_L2 = False
-# pisa / pwt: a virtual tile's bias loaded right after the previous tile's softmax, not at the top of its own
-# iteration (PSA_CUTE_BIAS_PF). Same probe: slower (480p 7.61 / 7.54 ms, 720p 38.71 / 39.25): off
-BIAS_PF = False
-# Morton: the output rows are written through the permutation (PSA_CUTE_OUT_PERM=1/0 overrides), straight into the
-# caller's layout, so the separate scatter pass goes; q, k, v stay block-order copies (their TMA loads). H200
-# (bench/probes/cute_out_perm.py, session 6, two rounds): 480p 8.00 / 8.77 ms vs 8.10 / 8.09 with the scatter,
-# 720p 41.12 / 40.29 vs 39.89 / 40.48, and more memory (its output cannot go over the q copy): off
-OUT_PERM = False
-# Morton: the query rows read through the permutation into the consumer's registers, the output written through it:
-# only k and v copied, no scatter. One-block kernel only (q_perm_enabled). PSA_CUTE_Q_PERM=1/0 overrides. Session 9:
-# correct; FLUX.1 1024^2 through psa 1.20 / 1.22 ms vs 1.01 / 1.27 (host-bound, no pick; cute_q_perm_s9_h200.txt): off
-Q_PERM = False
-# pisa / pwt: two query blocks per CTA reading the virtual-token tiles once (fwd_pair.py) from PAIR_MIN_BLOCKS KV
-# blocks on (PSA_CUTE_PAIR=1/0 forces it, PSA_CUTE_VT_STAGES its shared stages). H200, session 7 (cute_pair.py,
-# attention alone, alternated, pwt d 0.125): faster in every pairing, 480p (512 blocks) 6.83 / 7.04 vs 6.87 / 7.28 ms,
-# 720p (1182) 35.65 / 35.97 vs 38.46 / 37.04. Smaller problems (FLUX.1, 72 blocks) keep this kernel
-PAIR_MIN_BLOCKS = 512
-# the pair build's epilogue multiplies by one reciprocal per row instead of dividing every element (session 8,
-# cute_pair.py, two rounds: 480p 6.74 / 6.82 ms vs 6.77 / 6.85, 720p 35.15 / 35.61 vs 35.44 / 35.76). Env
-# PSA_CUTE_RECIP_STORE=1/0 overrides.
-RECIP_STORE = True
-# the pair build with one exact-tile pipeline fed the union of its two query blocks' lists (fwd_pair.py, share): a
-# block both lists hold is loaded once. Session 9: correct, 1.3-1.7 ms slower at 480p with the lists read from global
-# memory (cute_pair_share_s9_h200.txt). Session 10, lists in shared memory (cute_pair_share_s10_h200.txt, two
-# rounds): 0.5 ms faster than that, still slower than a pipeline per list everywhere: 480p random 8.16 / 8.21 vs
-# 6.93 / 7.06 ms, DiT-like (61% of adjacent lists shared) 7.67 / 7.62 vs 6.81 / 6.97, 720p DiT-like (68%) 38.3 /
-# 38.9 vs 35.6 / 34.7; its exact part alone 6.65 vs 5.87 ms on DiT-like 480p, although it loads ~30% fewer tiles:
-# the two consumers paced by one pipeline cost more than the loads saved. Off. PSA_CUTE_PAIR_SHARE=1/0 overrides
-PAIR_SHARE = False
-PAIR_SHARE_MAX_SEL = 256  # both lists in its shared memory (2 KiB); longer ones keep a pipeline per list
-# the pair build on the Morton path reading the caller's query rows through the permutation and writing the output
-# through it (fwd_pair.py q_perm: no q copy, no scatter, q's copy no longer in the peak). PSA_CUTE_PAIR_Q_PERM=1/0
-# overrides. Session 10 (cute_pair_q_perm4_s10_h200.txt, as the node calls it, 4 rounds, medians): correct (max
-# diff 0), peak 1.79x -> 1.29x q, but 480p 8.23 vs 7.97 ms (+3%; the gathered query loads), 720p 39.14 vs 39.24: off
-PAIR_Q_PERM = False
-PAIR_VT_STAGES = 3  # its shared virtual-tile stages (cute_pair.py, session 7: 3 fastest at 720p, 2-4 equal at 480p)
-# the pair build's virtual loop with every tile but the last as whole blocks: log2(64) in the bias, no per-column
-# bounds, counts or second sum (fwd_pair.py vt_peel; the last tile after the loop, as before). Its sm_90a loop body
-# 632 -> ~450 instructions; session 15's fold (the same idea behind a runtime branch inside the loop) compiled to 849
-# and measured slower. Built in session 16 on the CPU; session 17 on the H200 (vt_peel_kernel_s17_h200.txt, the kernel
-# alone, medians of 5 alternated rounds): 480p 6.888 -> 6.822 ms, 720p 35.457 -> 35.514; Nsight Compute: 16% fewer
-# instructions in the virtual tiles, the same time (the kernel is latency-bound): off. PSA_CUTE_VT_PEEL=1/0 overrides
-VT_PEEL = False
-# the pair build's two consumers issuing their GEMMs in turn (fwd_pair.py pingpong: FlashAttention-3's warpgroup
-# ping-pong on named barriers). Session 17's Nsight Compute profile of the pair kernel at 480p (ncu_*_s17_h200.csv):
-# tensor pipe 55-57% of its peak, 0.48 eligible warps per scheduler, issue slots 37% busy: latency-bound, not issue-
-# bound (the peel's 16% fewer virtual-tile instructions changed no time). Session 17 on the H200: equal outputs, its
-# GPU tests pass (unequal lists, odd last block, no virtual tiles), the kernel alone at 480p 6.898 vs 6.923 ms (medians
-# of 3 alternated rounds; 720p not timed): no gain, off. PSA_CUTE_PINGPONG=1/0 overrides
-PINGPONG = False
-# the per-tile row max (TREE_MAX) and row sum (TREE_SUM) of the online softmax as pairwise reductions of depth 4
-# instead of dependent chains of 16 (tile_ops._tree), in both CuTe kernels. Session 18's per-instruction stall
-# sampling (Nsight Compute SourceCounters, bench/results/sass_stalls_s18_h200.md) puts the consumers' time, after
-# their own GEMM waits, on dependent chains: the row max's 16 FMNMX per row each wait on the previous one. The
-# tree max gives bitwise the same output; the tree sum rounds the row sum in another order. Built on the CPU in
-# session 18, off until timed. PSA_CUTE_TREE_MAX / PSA_CUTE_TREE_SUM=1/0 override
-TREE_MAX = False
-TREE_SUM = False
+from .switches import (  # noqa: E402  the switches and their measured history
+    Q_RS, BIAS_L2, BIAS_PF, OUT_PERM, Q_PERM, PAIR_MIN_BLOCKS, RECIP_STORE, PAIR_SHARE, PAIR_SHARE_MAX_SEL,
+    PAIR_Q_PERM, PAIR_VT_STAGES, VT_PEEL, PINGPONG, TREE_MAX, TREE_SUM, S_AHEAD, PV_FENCE, PV_FENCE_VT,
+)
 
 
 class PiecewiseSparseFwdSm90(TileOps):
@@ -146,8 +84,10 @@ class PiecewiseSparseFwdSm90(TileOps):
 
     def __init__(self, approx: bool, kv_stages: int = 4, head_dim: int = 128, q_rs: bool = False,
                  bias_l2: bool = False, bias_pf: bool = False, out_perm: bool = False, q_perm: bool = False,
-                 tree_max: bool = False, tree_sum: bool = False):
+                 tree_max: bool = False, tree_sum: bool = False, pv_fence: bool = False, pv_fence_vt: bool = False):
         self.approx = approx
+        self.pv_fence = pv_fence  # a fence before the wait for P V after an exact tile's softmax (PV_FENCE)
+        self.pv_fence_vt = pv_fence_vt  # and after a virtual tile's (PV_FENCE_VT)
         self.tree_max = tree_max  # tile_ops._online_softmax's row max in pairs (TREE_MAX)
         self.tree_sum = tree_sum  # and its row sum (TREE_SUM)
         self.q_rs = q_rs  # S = Q K^T with Q from registers (read from shared memory once per CTA)
@@ -426,7 +366,7 @@ class PiecewiseSparseFwdSm90(TileOps):
                             if u + 1 >= n_valid:
                                 self._load_bias(bias, cnt, mVB, tScS, i_b, i_h, i_q, u + 1 - n_valid, n_kv,
                                                 n_last)
-                    warpgroup.wait_group(0)
+                    self._pv_wait()
                     vh.release()
                     self._rescale_o(acc_o, alpha)
                     self._to_p(acc_s, tOrP)
@@ -599,8 +539,11 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
     pingpong = pingpong and not share
     tree_max = _env_flag("PSA_CUTE_TREE_MAX", TREE_MAX)
     tree_sum = _env_flag("PSA_CUTE_TREE_SUM", TREE_SUM)
+    s_ahead = pair and not share and not pingpong and stages >= 3 and _env_flag("PSA_CUTE_S_AHEAD", S_AHEAD)
+    pv_fence = _env_flag("PSA_CUTE_PV_FENCE", PV_FENCE)
+    pv_fence_vt = pair and _env_flag("PSA_CUTE_PV_FENCE_VT", PV_FENCE_VT)
     key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm, vt_stages, probe, recip, share,
-           bool(q_perm), vt_peel, pingpong, tree_max, tree_sum)
+           bool(q_perm), vt_peel, pingpong, tree_max, tree_sum, s_ahead, pv_fence, pv_fence_vt)
     args = [_cute(x) for x in (q, k, v, out, kb, vm, hb)]
     args += [from_dlpack(vb.detach(), assumed_align=vb.element_size()).mark_layout_dynamic(leading_dim=3),
              from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3),
@@ -618,10 +561,11 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
                     from .fwd_pair import PairFwdSm90
 
                     kern = PairFwdSm90(stages, vt_stages, D, probe, recip, share, bool(q_perm), vt_peel,
-                                       pingpong, tree_max=tree_max, tree_sum=tree_sum)
+                                       pingpong, tree_max=tree_max, tree_sum=tree_sum, s_ahead=s_ahead,
+                                       pv_fence=pv_fence, pv_fence_vt=pv_fence_vt)
                 else:
                     kern = PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2, bias_pf, out_perm, bool(q_perm),
-                                                  tree_max=tree_max, tree_sum=tree_sum)
+                                                  tree_max=tree_max, tree_sum=tree_sum, pv_fence=pv_fence)
                 fn = cute.compile(kern, *args, *scal, stream)
                 dt = time.perf_counter() - t0
                 _compile_seconds[str(key)] = dt

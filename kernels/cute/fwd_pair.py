@@ -81,11 +81,12 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
 
     def __init__(self, kv_stages: int = KV_STAGES, vt_stages: int = VT_STAGES, head_dim: int = 128, probe: str = "",
                  recip_store: bool = False, share: bool = False, q_perm: bool = False, vt_peel: bool = False,
-                 pingpong: bool = False, tree_max: bool = False, tree_sum: bool = False):
+                 pingpong: bool = False, tree_max: bool = False, tree_sum: bool = False, s_ahead: bool = False,
+                 pv_fence: bool = False, pv_fence_vt: bool = False):
         # q_perm (Morton): query row t read from row mPerm[t] of the caller's q into the consumer's registers (no TMA,
         # no block-order copy of q) and the output written through mPerm (fwd.py's q_perm)
         super().__init__(True, kv_stages, head_dim, q_rs=True, out_perm=q_perm, q_perm=q_perm, tree_max=tree_max,
-                         tree_sum=tree_sum)
+                         tree_sum=tree_sum, pv_fence=pv_fence, pv_fence_vt=pv_fence_vt)
         self.recip_store = recip_store  # the epilogue multiplies by 1 / row sum (tile_ops._store_rows)
         self.vt_stages = vt_stages
         # one exact-tile pipeline for both consumers, fed with the union of their two lists (a block both lists
@@ -106,6 +107,10 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
         # the two consumers issue their GEMMs in turn (FlashAttention-3's warpgroup ping-pong, named barriers 3 and 4):
         # one's softmax under the other's GEMMs (fwd.PINGPONG; own-list pipelines only)
         self.pingpong = pingpong and not share
+        # the exact loop's S GEMM one tile ahead of its softmax (pair_sched._ahead_exact; fwd.S_AHEAD): own-list
+        # pipelines without ping-pong, three stages held at once
+        self.s_ahead = s_ahead and not share and not self.pingpong
+        assert not self.s_ahead or kv_stages >= 3, "s_ahead holds three exact stages"
         self.threads = 384
         self.regs_producer = 24
         self.regs_consumer = 240
@@ -167,7 +172,7 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
         kh.release()
         self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
                            self.probe != "asexact", False, rem, False, full)
-        warpgroup.wait_group(0)
+        self._pv_wait(True)
         vh.release()
         self._rescale_o(acc_o, alpha)
         self._to_p(acc_s, tOrP)
@@ -212,7 +217,7 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
         kh.release()
         self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, False, is_tail,
                            rem, False)
-        warpgroup.wait_group(0)
+        self._pv_wait()
         vh.release()
         return g_jo
 
@@ -397,6 +402,7 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
             rem = T - (n_kv - 1) * BS
             alpha = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
             acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
+            sbuf = cute.make_rmem_tensor(s_shape, cutlass.Float32) if self.s_ahead else None  # S of the tile before
             tOrP = cute.make_rmem_tensor(pv_thr.partition_shape_A(self.pv_tiler[::2]), mO.element_type)
             n_valid, kk_tail = self._list_scan(mIdx, i_b, i_h, i_q, n_sel, n_kv, rem)  # list length, partial block
             n_last = cutlass.Float32(rem)
@@ -458,10 +464,22 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                     self._handover(self._pp(c, pp_v, pp_n))
                     warpgroup.wait_group(0)
                     kp0.release()
-                self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
-                                   n_valid == 0, kk_tail == 0, rem, True)
-                self._to_p(acc_s, tOrP)
-                for u in cutlass.range(1, n_valid, unroll=1):
+                n_plain = n_valid
+                if cutlass.const_expr(self.s_ahead):
+                    n_plain = 1  # (the plain loop below then runs no step)
+                    if n_valid > 1:
+                        kv_cons = self._ahead_exact(qk_mma, pv_mma, acc_s, sbuf, acc_o, tOrP, sQi, tSrK, tOrV, koff,
+                                                    kv_cons, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt,
+                                                    tScS, n_valid, kk_tail, rem)
+                    else:
+                        self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt,
+                                           tScS, n_valid == 0, kk_tail == 0, rem, True)
+                        self._to_p(acc_s, tOrP)
+                else:
+                    self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
+                                       n_valid == 0, kk_tail == 0, rem, True)
+                    self._to_p(acc_s, tOrP)
+                for u in cutlass.range(1, n_plain, unroll=1):
                     vh = kv_cons.wait_and_advance()
                     if cutlass.const_expr(self.share):
                         # two whole steps, so that every wgmma group ends inside its branch (ptxas serialises
@@ -508,7 +526,7 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                         kh.release()
                         self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt,
                                            tScS, self.probe != "asexact", False, rem, False)
-                        warpgroup.wait_group(0)
+                        self._pv_wait(True)
                         vh.release()
                         self._rescale_o(acc_o, alpha)
                         self._to_p(acc_s, tOrP)

@@ -6,10 +6,16 @@
   warpgroup ping-pong (_pp, _turn, _handover, _pass_turns). Both take the same turns: exact tile u at turn u, virtual
   tile t at turn pp_v + t (pp_v, the longer list's length), the shorter list's missing turns passed empty before its
   virtual tiles. Session 17 on the H200 (bench/results/pieces_h200.md): equal outputs, every pair test passed with it,
-  and the attention alone at Wan2.1-14B 480p 6.90 ms against 6.92 (medians of 3 alternated rounds): no gain.
+  and the attention alone at Wan2.1-14B 480p 6.90 ms against 6.92 (medians of 3 alternated rounds): no gain;
+* s_ahead (PSA_CUTE_S_AHEAD): each consumer's exact loop issues the S GEMM of tile u before the softmax of tile u - 1
+  (_ahead_exact), so that softmax runs under both GEMMs (S of u, P V of u - 2) instead of after S of u. Session 18's
+  split of the pair kernel (bench/probes/pair_split.py, H200, 480p, exact part alone): the tile stream 4.75 ms, with
+  the GEMMs 4.87, with the softmax 4.76, with both 5.82. Either hides under the stream; the chain S -> softmax does
+  not. It holds one more exact stage (V of u - 2 until its P V is done): three of the four while S of u runs.
 """
 import cutlass
 import cutlass.cute as cute
+from cutlass.cute.nvgpu import warpgroup
 
 
 class PairSchedule:
@@ -82,4 +88,48 @@ class PairSchedule:
             h.release()
             h = kv_cons.wait_and_advance()
             h.release()
+        return kv_cons
+
+    @cute.jit
+    def _ahead_exact(self, qk_mma, pv_mma, acc_s, sbuf, acc_o, tOrP, sQi, tSrK, tOrV, koff, kv_cons, row_max,
+                     row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, n_valid, kk_tail, rem):
+        """s_ahead: exact tiles 1 .. n_valid - 1 (n_valid >= 2), entered with S of tile 0 done in acc_s and nothing
+        in flight; leaves P of the last exact tile in tOrP, its V not yet waited for (the plain loop's exit state).
+        Per tile u: S of u issued into acc_s once S of u - 1 is copied out (sbuf), then the softmax of u - 1 on the
+        copy while S of u and P V of u - 2 run, then one wait for both, then P V of u - 1 issued. (Waiting for P V
+        of u - 2 alone, with S of u left in flight, makes ptxas serialise every wgmma of the kernel: it cannot tell
+        which of two groups issued in different iterations a wait_group(1) leaves running.) The same operations per
+        tile as the plain loop (bitwise the same output). Returns the advanced consumer (kv_cons = ..., as _pass)."""
+        vh = kv_cons.wait_and_advance()  # V of tile 0
+        kh = kv_cons.wait_and_advance()  # K of tile 1
+        sbuf.store(acc_s.load())
+        self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, koff + kh.index)])
+        self._softmax_tile(sbuf, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, False,
+                           kk_tail == 0, rem, True)
+        warpgroup.wait_group(0)  # S of tile 1
+        kh.release()
+        self._to_p(sbuf, tOrP)
+        self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, koff + vh.index)])
+        vprev = vh
+        for u in cutlass.range(2, n_valid, unroll=1):
+            vh = kv_cons.wait_and_advance()  # V of u - 1
+            kh = kv_cons.wait_and_advance()  # K of u
+            sbuf.store(acc_s.load())
+            self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, koff + kh.index)])
+            self._softmax_tile(sbuf, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, False,
+                               kk_tail == u - 1, rem, False)
+            self._pv_wait()  # P V of u - 2 and S of u
+            vprev.release()
+            kh.release()
+            self._rescale_o(acc_o, alpha)
+            self._to_p(sbuf, tOrP)
+            self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, koff + vh.index)])
+            vprev = vh
+        # the last exact tile: its S is done, P V of the one before in flight
+        self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, False,
+                           kk_tail == n_valid - 1, rem, False)
+        self._pv_wait()
+        vprev.release()
+        self._rescale_o(acc_o, alpha)
+        self._to_p(acc_s, tOrP)
         return kv_cons

@@ -1,0 +1,92 @@
+"""The CuTe kernels' compile-time switches (kernels/cute/fwd.py builds, fwd_pair.py, tile_ops.py) with what each was
+measured at: a switch set here is the default, its PSA_CUTE_* environment variable overrides it per process (read
+when a kernel is compiled, and part of the CUDA-graph key, kernels/graphs.py). Kept apart from fwd.py so the
+history does not crowd the kernel; fwd.py imports every name (fwd.NAME stays the way to read or patch one).
+"""
+# S = Q K^T with the query tile in registers (PSA_CUTE_QRS=1/0 overrides): every S GEMM then reads only K from
+# shared memory, which the TMA writes and both GEMMs' B operands also use. H200, 2026-12-01 (pieces_h200.md,
+# session 4; on and off alternated twice per shape in each of two runs): faster in 20 of 24 pairs, by up to 12%
+# (e.g. Wan2.1-14B 480p pwt 6.60-6.95 vs 6.95-7.11 ms), within a ~5% run-to-run spread; bitwise the same output
+Q_RS = True
+# pisa / pwt: the producer prefetches the query block's bias row into L2 (PSA_CUTE_BIAS_L2). H200 (bias_l2.py, session
+# 6, two rounds): 480p 6.89 / 7.05 ms vs 7.20 / 6.97 off, 720p 35.98 / 37.33 vs 35.84 / 37.17: no gain, off
+BIAS_L2 = False
+# pisa / pwt: a virtual tile's bias loaded right after the previous tile's softmax, not at the top of its own
+# iteration (PSA_CUTE_BIAS_PF). Same probe: slower (480p 7.61 / 7.54 ms, 720p 38.71 / 39.25): off
+BIAS_PF = False
+# Morton: the output rows are written through the permutation (PSA_CUTE_OUT_PERM=1/0 overrides), straight into the
+# caller's layout, so the separate scatter pass goes; q, k, v stay block-order copies (their TMA loads). H200
+# (bench/probes/cute_out_perm.py, session 6, two rounds): 480p 8.00 / 8.77 ms vs 8.10 / 8.09 with the scatter,
+# 720p 41.12 / 40.29 vs 39.89 / 40.48, and more memory (its output cannot go over the q copy): off
+OUT_PERM = False
+# Morton: the query rows read through the permutation into the consumer's registers, the output written through it:
+# only k and v copied, no scatter. One-block kernel only (q_perm_enabled). PSA_CUTE_Q_PERM=1/0 overrides. Session 9:
+# correct; FLUX.1 1024^2 through psa 1.20 / 1.22 ms vs 1.01 / 1.27 (host-bound, no pick; cute_q_perm_s9_h200.txt): off
+Q_PERM = False
+# pisa / pwt: two query blocks per CTA reading the virtual-token tiles once (fwd_pair.py) from PAIR_MIN_BLOCKS KV
+# blocks on (PSA_CUTE_PAIR=1/0 forces it, PSA_CUTE_VT_STAGES its shared stages). H200, session 7 (cute_pair.py,
+# attention alone, alternated, pwt d 0.125): faster in every pairing, 480p (512 blocks) 6.83 / 7.04 vs 6.87 / 7.28 ms,
+# 720p (1182) 35.65 / 35.97 vs 38.46 / 37.04. Smaller problems (FLUX.1, 72 blocks) keep this kernel
+PAIR_MIN_BLOCKS = 512
+# the pair build's epilogue multiplies by one reciprocal per row instead of dividing every element (session 8,
+# cute_pair.py, two rounds: 480p 6.74 / 6.82 ms vs 6.77 / 6.85, 720p 35.15 / 35.61 vs 35.44 / 35.76). Env
+# PSA_CUTE_RECIP_STORE=1/0 overrides.
+RECIP_STORE = True
+# the pair build with one exact-tile pipeline fed the union of its two query blocks' lists (fwd_pair.py, share): a
+# block both lists hold is loaded once. Session 9: correct, 1.3-1.7 ms slower at 480p with the lists read from global
+# memory (cute_pair_share_s9_h200.txt). Session 10, lists in shared memory (cute_pair_share_s10_h200.txt, two
+# rounds): 0.5 ms faster than that, still slower than a pipeline per list everywhere: 480p random 8.16 / 8.21 vs
+# 6.93 / 7.06 ms, DiT-like (61% of adjacent lists shared) 7.67 / 7.62 vs 6.81 / 6.97, 720p DiT-like (68%) 38.3 /
+# 38.9 vs 35.6 / 34.7; its exact part alone 6.65 vs 5.87 ms on DiT-like 480p, although it loads ~30% fewer tiles:
+# the two consumers paced by one pipeline cost more than the loads saved. Off. PSA_CUTE_PAIR_SHARE=1/0 overrides
+PAIR_SHARE = False
+PAIR_SHARE_MAX_SEL = 256  # both lists in its shared memory (2 KiB); longer ones keep a pipeline per list
+# the pair build on the Morton path reading the caller's query rows through the permutation and writing the output
+# through it (fwd_pair.py q_perm: no q copy, no scatter, q's copy no longer in the peak). PSA_CUTE_PAIR_Q_PERM=1/0
+# overrides. Session 10 (cute_pair_q_perm4_s10_h200.txt, as the node calls it, 4 rounds, medians): correct (max
+# diff 0), peak 1.79x -> 1.29x q, but 480p 8.23 vs 7.97 ms (+3%; the gathered query loads), 720p 39.14 vs 39.24: off
+PAIR_Q_PERM = False
+PAIR_VT_STAGES = 3  # its shared virtual-tile stages (cute_pair.py, session 7: 3 fastest at 720p, 2-4 equal at 480p)
+# the pair build's virtual loop with every tile but the last as whole blocks: log2(64) in the bias, no per-column
+# bounds, counts or second sum (fwd_pair.py vt_peel; the last tile after the loop, as before). Its sm_90a loop body
+# 632 -> ~450 instructions; session 15's fold (the same idea behind a runtime branch inside the loop) compiled to 849
+# and measured slower. Built in session 16 on the CPU; session 17 on the H200 (vt_peel_kernel_s17_h200.txt, the kernel
+# alone, medians of 5 alternated rounds): 480p 6.888 -> 6.822 ms, 720p 35.457 -> 35.514; Nsight Compute: 16% fewer
+# instructions in the virtual tiles, the same time (the kernel is latency-bound); session 18 at 720p again
+# (pingpong_peel_720p_s18_h200.txt): 35.699 -> 35.811, faster in 2 of 5 rounds: off. PSA_CUTE_VT_PEEL=1/0 overrides
+VT_PEEL = False
+# the pair build's two consumers issuing their GEMMs in turn (fwd_pair.py pingpong: FlashAttention-3's warpgroup
+# ping-pong on named barriers). Session 17's Nsight Compute profile of the pair kernel at 480p (ncu_*_s17_h200.csv):
+# tensor pipe 55-57% of its peak, 0.48 eligible warps per scheduler, issue slots 37% busy: latency-bound, not issue-
+# bound (the peel's 16% fewer virtual-tile instructions changed no time). Session 17 on the H200: equal outputs, its
+# GPU tests pass (unequal lists, odd last block, no virtual tiles), the kernel alone at 480p 6.898 vs 6.923 ms (medians
+# of 3 alternated rounds); session 18 at 720p (pingpong_peel_720p_s18_h200.txt, 5 rounds): 35.726 -> 36.529, slower in
+# every round: off. PSA_CUTE_PINGPONG=1/0 overrides
+PINGPONG = False
+# the per-tile row max (TREE_MAX) and row sum (TREE_SUM) of the online softmax as pairwise reductions of depth 4
+# instead of dependent chains of 16 (tile_ops._tree), in both CuTe kernels. Session 18's per-instruction stall
+# sampling (Nsight Compute SourceCounters, bench/results/sass_stalls_*_s18_h200.txt) put the consumers' time, after
+# their own GEMM waits, on dependent chains: the row max's 16 FMNMX per row each wait on the previous one. The tree
+# max gives bitwise the same output; the tree sum rounds the row sum in another order (rel L2 1.1e-5). Session 18 on
+# the H200 (tree_kernel_s18_h200.txt, the kernels alone, medians of 5 alternated rounds), pwt / drop: tree max 480p
+# 6.957 -> 6.962 / 5.950 -> 5.963, 720p 35.757 -> 35.955 / 30.945 -> 31.073 (faster in 2 and 1 of 5 rounds); tree
+# sum 480p 6.965 -> 6.938 / 5.993 -> 5.995, 720p 35.823 -> 35.738 / 30.954 -> 30.923 (4 of 5), and on top of the tree
+# max the drop kernel 1.1% slower at 720p (tree_sum_on_max_s18_h200.txt). No gain beyond the rounds' spread: the
+# chains are not what the consumers wait on (pair_split.py: see PV_FENCE below). Both off; their GPU tests pass.
+# PSA_CUTE_TREE_MAX / PSA_CUTE_TREE_SUM=1/0 override
+TREE_MAX = False
+TREE_SUM = False
+# the pair build's exact loop with the S GEMM of tile u issued before the softmax of tile u - 1 (fwd_pair.py s_ahead,
+# pair_sched._ahead_exact): the softmax then runs under both GEMMs. Session 18's split of the pair kernel at 480p
+# (bench/probes/pair_split.py, exact part alone): tile stream 4.75 ms, + GEMMs 4.87, + softmax 4.76, + both 5.82.
+# Built on the CPU in session 18, off until timed. PSA_CUTE_S_AHEAD=1/0 overrides
+S_AHEAD = False
+# a CTA-scope fence before the wait for the P V GEMM that a tile's softmax should run under (tile_ops._pv_wait):
+# ptxas otherwise hoists that WARPGROUP.DEPBAR above the softmax (sm_90a SASS of the pair and one-block kernels,
+# session 18: the wait comes before the first exponential), so P V and the softmax run one after the other, which
+# is what pair_split.py measured (either alone hides under the tile stream, both do not). With the fence the
+# exponentials stay above the wait. PV_FENCE: the exact tiles of both kernels (and the one-block kernel's virtual
+# tiles); PV_FENCE_VT: the pair kernel's virtual tiles (their bias loads for the next tile are in flight there, and
+# the fence may wait for them). Built on the CPU in session 18, off until timed. PSA_CUTE_PV_FENCE(_VT)=1/0 override
+PV_FENCE = False
+PV_FENCE_VT = False
