@@ -697,7 +697,9 @@ A19)  # next session's first call (carry .carry/cs1; ~8 min): session 18's CPU b
     # if the pwt medians are faster at 480p and 720p in >= 4 of 5 rounds each and the drop medians are not slower
     # by more than 0.5%; PV_FENCE_VT and S_AHEAD each on top of the chosen build on the same rule; outputs equal
     # (max diff 0) and every GPU test passing. Prediction: with the overlap back, the exact part (novt) 5.8 ->
-    # ~5.1-5.3 ms at 480p (the stream, 4.75, is the floor), pwt 6.8 -> ~6.1-6.3
+    # ~5.1-5.3 ms at 480p (the stream, 4.75, is the floor), pwt 6.8 -> ~6.1-6.3; S_AHEAD no gain (its SASS has the
+    # wait hoisted above the exponentials even with the fence). If PV_FENCE wins, follow with L, C15 / E (the
+    # break-even table, the DiT step) and the README's numbers
     python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
     log "pair split with the P V fence"
     PSA_CUTE_PV_FENCE=1 PSA_CUTE_PV_FENCE_VT=1 PROBE_ROUNDS=2 timeout -k 10 130 python bench/probes/pair_split.py \

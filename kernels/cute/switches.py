@@ -79,7 +79,8 @@ TREE_SUM = False
 # the pair build's exact loop with the S GEMM of tile u issued before the softmax of tile u - 1 (fwd_pair.py s_ahead,
 # pair_sched._ahead_exact): the softmax then runs under both GEMMs. Session 18's split of the pair kernel at 480p
 # (bench/probes/pair_split.py, exact part alone): tile stream 4.75 ms, + GEMMs 4.87, + softmax 4.76, + both 5.82.
-# Built on the CPU in session 18, off until timed. PSA_CUTE_S_AHEAD=1/0 overrides
+# Built on the CPU in session 18, off until timed; its sm_90a SASS has the wait after the softmax hoisted above the
+# exponentials again (with PV_FENCE the fence too), so as built no gain is expected. PSA_CUTE_S_AHEAD=1/0 overrides
 S_AHEAD = False
 # a CTA-scope fence before the wait for the P V GEMM that a tile's softmax should run under (tile_ops._pv_wait):
 # ptxas otherwise hoists that WARPGROUP.DEPBAR above the softmax (sm_90a SASS of the pair and one-block kernels,
