@@ -8,7 +8,9 @@ call; the peeled virtual loop (PSA_CUTE_VT_PEEL) and the ping-pong consumers (PS
 build. Skipped (one line) without CUDA, an SM90 GPU or nvidia-cutlass-dsl. On the H200 (2026-12-01): 19 tests passed
 in session 7 (bench/results/gpu_tests_s7_h200.log) and the reciprocal-epilogue and Morton tests in session 8; the
 shared-pipeline tests were written after that run. Session 17 (2026-12-03): every test of this file passed on the
-H200 but the q_perm test's cache-key check (fixed after that run), the ping-pong tests among them."""
+H200 but the q_perm test's cache-key check (fixed after that run), the ping-pong tests among them. Session 18: every
+test of this file passed (P18), and the tree-reduction tests (T18); the PV_FENCE / S_AHEAD tests (test_sched_*) were
+written after the last run of that session."""
 import pytest
 import torch
 
