@@ -309,11 +309,16 @@ def _pingpong_equal(q, k, v, cfg, routing, monkeypatch, ref=None):
         assert rel(pp, ref) <= REF_TOL, f"ping-pong vs float64 reference: rel L2 {rel(pp, ref):.2e}"
 
 
+def _crafted_case(case, seed):
+    """(q, k, v, cfg, routing): pwt d 0.125 at T 1000 under CRAFTED[case]'s lists."""
+    q, k, v = (rnd((1, 2, 1000, 128), seed=seed + s) for s in range(3))
+    cfg = cfg_of(128, 0.125, "pwt")
+    return q, k, v, cfg, _crafted_routing(case, q, k, v, cfg)
+
+
 @pytest.mark.parametrize("case", ["disjoint", "long_gap", "one_list_empty", "shifted"])
 def test_pair_pingpong_crafted_unequal_lists(case, monkeypatch):
-    q, k, v = (rnd((1, 2, 1000, 128), seed=180 + s) for s in range(3))
-    cfg = cfg_of(128, 0.125, "pwt")
-    _pingpong_equal(q, k, v, cfg, _crafted_routing(case, q, k, v, cfg), monkeypatch)
+    _pingpong_equal(*_crafted_case(case, 180), monkeypatch)
 
 
 @pytest.mark.parametrize("shape, density, band, sinks", [
@@ -385,9 +390,9 @@ def _sched_equal(q, k, v, cfg, routing, monkeypatch, pair=True, ref=None):
     for env in _SCHED:
         monkeypatch.setenv(env, "0")
     base = _run(q, k, v, cfg, routing, monkeypatch, pair)
-    for on in ([e] for e in _SCHED) if pair else (["PSA_CUTE_PV_FENCE"],):
+    for on in _SCHED if pair else ["PSA_CUTE_PV_FENCE"]:  # each switch alone
         for env in _SCHED:
-            monkeypatch.setenv(env, "1" if env in on or on == _SCHED else "0")
+            monkeypatch.setenv(env, "1" if env == on else "0")
         out = _run(q, k, v, cfg, routing, monkeypatch, pair)
         assert torch.isfinite(out).all(), on
         assert torch.equal(out, base), f"{on} vs the default build: rel L2 {rel(out, base):.2e}"
@@ -402,9 +407,7 @@ def _sched_equal(q, k, v, cfg, routing, monkeypatch, pair=True, ref=None):
 
 @pytest.mark.parametrize("case", ["disjoint", "long_gap", "one_list_empty", "shifted"])
 def test_sched_switches_crafted_lists(case, monkeypatch):
-    q, k, v = (rnd((1, 2, 1000, 128), seed=200 + s) for s in range(3))
-    cfg = cfg_of(128, 0.125, "pwt")
-    _sched_equal(q, k, v, cfg, _crafted_routing(case, q, k, v, cfg), monkeypatch)
+    _sched_equal(*_crafted_case(case, 200), monkeypatch)
 
 
 @pytest.mark.parametrize("variant, shape, density, band, sinks, pair", [
