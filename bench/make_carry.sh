@@ -2,6 +2,8 @@
 # Builds the one-call device carry .carry/cs1 (bench/README.md): the cutlass-dsl + FA4 site for the device's
 # Python 3.12 as site.tar.xz (+ sha256), and ComfyUI's comfy/ .py files as comfy_py.tar.xz for dit_step.py.
 # Usage: bash bench/make_carry.sh [COMFYUI_DIR]   (from the repo root; ~7 min, one core for xz)
+# COMFYUI_DIR: a ComfyUI whose comfy/ imports with torch alone, such as 0.3.64 (Comfy-Org/ComfyUI). 0.33.0's comfy/
+# imports comfy_kitchen, which the device image lacks: dit_step.py then stops at its import (session 19)
 set -euo pipefail
 OUTD=.carry/cs1; SITE=$(mktemp -d); mkdir -p $OUTD
 python3 -m pip install -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
