@@ -27,7 +27,9 @@
 # carrying [".carry/cs1"]; B16 is superseded (the roll stays off; its backward tests ran in A17b; its Triton budget
 # question is in A18). Session 18: A18, P18 (per-instruction stall sampling), T18 (the tree reductions), F18 (the pair
 # kernel split: no GEMMs / no softmax / neither; two calls were taken back before they finished, so F18 ran with
-# F18_END=270 and its Triton tests were cut). Next: A19 (carry [".carry/cs1"], rules in its header).
+# F18_END=270 and its Triton tests were cut). Session 19: A19 (carry [".carry/cs1"], rules in its header), then B19
+# (pieces on A19's picks, the Triton and backward tests), C15 (break-even table, DiT step), D15 (the node's curve),
+# each carrying [".carry/cs1"]. Next: A20 (carry [".carry/cs1"], rules in its header).
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
 # times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
@@ -573,7 +575,7 @@ D15)  # session 15 (carry .carry/cs1): the node's speed-up curve (bench_attentio
     # the node calls it, per density, against cuDNN SDPA) for web/js/speedup_h200.json
     python -c "import cutlass.cute" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: Triton only"
     log "web curve"
-    timeout -k 5 300 python bench/bench_attention.py --out "$OUT/web" --sections web > "$OUT/web.log" 2>&1
+    timeout -k 5 ${WEB_TIMEOUT:-300} python bench/bench_attention.py --out "$OUT/web" --sections web > "$OUT/web.log" 2>&1
     log "web curve rc=$? $(grep -c density "$OUT/web.log") rows"
     ;;
 E15)  # session 15, last call (carry .carry/cs1): the backward GPU tests (their forward's statistics are session 14's
@@ -685,6 +687,51 @@ PP)  # session 17, last call (carry .carry/cs1; ~170 s of device time left): the
         > "$OUT/pingpong_kernel.txt" 2>&1
     log "pingpong rc=$? $(grep -v RESULT "$OUT/pingpong_kernel.txt" | cut -c1-1200)"
     run_tests pingpong $((160 - SECONDS)) tests/test_cute_pair_gpu.py -k pingpong
+    ;;
+A20)  # session 20's first call (carry .carry/cs1; ~8.5 min): session 19's CPU builds on top of the shipped PV_FENCE, all
+    # scheduling only (equal outputs): PSA_CUTE_PV_PIN (the exact tiles' fences under a row-sum test that never holds:
+    # the fence never runs, and the wait still cannot rise above the softmax), PSA_CUTE_PV_FENCE_VT (now pinned: the
+    # unpinned fence held only 20-23 of the virtual tile's 34 exponentials above it, and A19 measured no gain) and
+    # PSA_CUTE_S_AHEAD (now pinned: A19's unpinned build had the wait hoisted above the softmax, 7% slower; pinned,
+    # the softmax of u - 1 runs under S of u and P V of u - 2, all 34 exponentials above the wait in the DSL's own
+    # cubin). (1) each against the default in the kernels alone, pwt (and drop for PV_PIN), 480p and 720p, 5 rounds;
+    # (2) PV_FENCE_VT and S_AHEAD on top of PV_PIN; (3) the split with all three on; (4) the scheduling tests and
+    # every forward GPU test with all on. Rules set now: each switch on if its pwt medians are faster at 480p and
+    # 720p in >= 4 of 5 rounds each and the drop medians are not slower by more than 0.5% (outputs equal, every
+    # GPU test passing); where two win, the pair goes on only if (2) shows it faster than either alone by the same
+    # rule. Prediction: PV_PIN within +-0.5% (an executed fence with no loads in flight costs little); PV_FENCE_VT
+    # the virtual tiles 0.96 -> ~0.85 ms at 480p, 6.8 -> ~6 at 720p; S_AHEAD the exact part -0.2 to -0.4 ms at 480p
+    # (split: novt 5.66 -> ~5.3, the stream 4.76 the floor)
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    log "pin, vt fence, S ahead vs the default (PV_FENCE), kernels alone"
+    PROBE_DROP=1 PROBE_ROUNDS=5 timeout -k 10 200 python bench/probes/vt_peel_kernel.py PSA_CUTE_PV_PIN \
+        PSA_CUTE_PV_FENCE_VT PSA_CUTE_S_AHEAD > "$OUT/pin_kernel.txt" 2>&1
+    log "pin rc=$? $(grep -v RESULT "$OUT/pin_kernel.txt" | python bench/probes/ab_brief.py 2>&1 | cut -c1-3000)"
+    PROBE_BASE=PSA_CUTE_PV_PIN=1 PROBE_ROUNDS=5 timeout -k 10 100 python bench/probes/vt_peel_kernel.py \
+        PSA_CUTE_PV_FENCE_VT PSA_CUTE_S_AHEAD > "$OUT/pin_stack.txt" 2>&1
+    log "pin_stack rc=$? $(grep -v RESULT "$OUT/pin_stack.txt" | python bench/probes/ab_brief.py 2>&1 | cut -c1-2000)"
+    log "pair split, all pinned"
+    PSA_CUTE_PV_PIN=1 PSA_CUTE_PV_FENCE_VT=1 PSA_CUTE_S_AHEAD=1 PROBE_ROUNDS=2 timeout -k 10 80 \
+        python bench/probes/pair_split.py > "$OUT/pair_split_pin.txt" 2>&1
+    log "pair_split_pin rc=$? $(grep -v RESULT "$OUT/pair_split_pin.txt" | cut -c1-1500)"
+    PSA_CUTE_PV_PIN=1 PSA_CUTE_PV_FENCE_VT=1 PSA_CUTE_S_AHEAD=1 run_tests fwd_pin_on $((585 - SECONDS)) \
+        tests/test_cute_pair_gpu.py tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
+    ;;
+B19)  # session 19, after A19 (carry .carry/cs1; right after A19 so the machine is warm): the shipped defaults (A19's
+    # picks set in kernels/cute/switches.py) through every piece (L: 480p, 720p, FLUX.1 as the node calls it, Morton,
+    # DiT-like), then the Triton and API GPU tests and the backward tests (session 18's F18 cut them; their host code,
+    # session 17's env_switch, last passed them in A17b). END (default 585) bounds the call
+    END=${B19_END:-585}
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: pieces runs Triton only"
+    log "pieces (A19's defaults)"
+    timeout $((END * 55 / 100)) python bench/pieces.py --out "$OUT/pieces_l" --morton --flux-node --ditlike \
+        --shapes wan14,wan14_720,flux > "$OUT/pieces_l.log" 2>&1
+    log "pieces rc=$?"
+    run_tests triton $((END * 78 / 100 - SECONDS)) tests/test_triton_gpu.py tests/test_api_errors.py
+    log "pytest backward"
+    timeout $((END - SECONDS)) python -m pytest -q -p no:cacheprovider -n 2 -m gpu tests/test_backward_gpu.py \
+        > "$OUT/tests_bwd.log" 2>&1
+    log "pytest backward rc=$? $(tail -1 "$OUT/tests_bwd.log")"
     ;;
 A19)  # next session's first call (carry .carry/cs1; ~8 min): session 18's CPU builds, all off, all scheduling only
     # (equal outputs): PSA_CUTE_PV_FENCE (a CTA fence keeps ptxas from hoisting the P V wait above the softmax: the

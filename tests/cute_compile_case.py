@@ -4,7 +4,9 @@ a subprocess: CUTE_DSL_ARCH must be set before cutlass initialises, and nothing 
 cutlass-dsl compiles without a driver once the target arch is given; the launch's occupancy hint
 (min_blocks_per_mp=2) asks the driver for the shared memory per SM, which this machine cannot answer, so that
 one query returns the Hopper value (228 KiB). Prints one line `RESULTS_JSON {...}`: per variant family the
-compile seconds and, when ptxas is on PATH, its register / spill report of the generated PTX.
+compile seconds and, when ptxas is found (PATH, else the one triton bundles), its register / spill report of the
+generated PTX; and, when nvdisasm >= 12.9 is found (CUDA_HOME, else triton's bundled one), where the waits for a P V
+GEMM sit among the softmax's exponentials in the SASS of the DSL's own cubin (the code that runs on the GPU).
 """
 import json
 import os
@@ -17,7 +19,25 @@ import time
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 dump = tempfile.mkdtemp(prefix="psa_cute_")
-os.environ["CUTE_DSL_KEEP"] = "ptx"
+
+
+def _triton_bin(tool):
+    """triton's bundled CUDA tool (ptxas, nvdisasm 12.9 with triton 3.6-3.8), or None."""
+    try:
+        import importlib.util
+        spec = importlib.util.find_spec("triton")
+        path = os.path.join(os.path.dirname(spec.origin), "backends", "nvidia", "bin", tool)
+        return path if os.path.isfile(path) and os.access(path, os.X_OK) else None
+    except Exception:
+        return None
+
+
+PTXAS = shutil.which("ptxas") or _triton_bin("ptxas")
+if not os.environ.get("CUDA_HOME") and not shutil.which("nvdisasm") and _triton_bin("nvdisasm"):
+    os.environ["CUDA_HOME"] = os.path.dirname(os.path.dirname(_triton_bin("nvdisasm")))  # the DSL reads bin/ there
+SASS = bool(shutil.which("nvdisasm") or (os.environ.get("CUDA_HOME")
+                                         and os.path.isfile(os.path.join(os.environ["CUDA_HOME"], "bin", "nvdisasm"))))
+os.environ["CUTE_DSL_KEEP"] = "ptx,cubin,sass" if SASS else "ptx"
 os.environ["CUTE_DSL_DUMP_DIR"] = dump
 os.environ["CUTE_DSL_DISABLE_FILE_CACHING"] = "1"
 sys.path.insert(0, os.getcwd())
@@ -42,6 +62,24 @@ vb = torch.zeros(B, H, n, n, dtype=torch.float16)
 idx = torch.zeros(B, H, n, 4, dtype=torch.int32)
 perm = torch.zeros(T, dtype=torch.int32)
 builds = []  # (family, kernel factory, bias rows, register bound: 65536 / threads per SM)
+
+
+def _fenced_waits(sass):
+    """Per wait for all wgmma groups (WARPGROUP.DEPBAR.LE gsb0, 0x0) with a MEMBAR since the GEMM or wait before it
+    (tile_ops._pv_wait's fence, pinned or not): how many exponentials (MUFU.EX2) sit between that GEMM or wait and
+    it, in program order. A tile's softmax has 34 per thread (32 of P, 2 rescales); fewer means ptxas moved the
+    wait, and the fence with it, above part of the softmax, so that P V no longer runs under it."""
+    counts, ex2, fenced = [], 0, False
+    for line in sass.splitlines():
+        if "HGMMA" in line or "WARPGROUP.DEPBAR" in line:
+            if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in line and fenced:
+                counts.append(ex2)
+            ex2, fenced = 0, False
+        elif "MUFU.EX2" in line:
+            ex2 += 1
+        elif "MEMBAR" in line:
+            fenced = True
+    return counts
 for approx, q_rs, l2, pf, op in ((False, False, False, False, False), (True, False, False, False, False),
                                  (False, True, False, False, False), (True, True, False, False, False),
                                  (True, True, True, False, False), (True, True, False, True, False),
@@ -77,6 +115,14 @@ builds.append(("pisa/pwt pair recip pv_fence s_ahead", lambda: FP.PairFwdSm90(4,
 builds.append(("pisa/pwt pair recip q_perm s_ahead", lambda: FP.PairFwdSm90(4, 3, D, "", True, q_perm=True,
                                                                              s_ahead=True), vb, 168))
 builds.append(("drop q_rs pv_fence", lambda: F.PiecewiseSparseFwdSm90(False, 5, D, True, pv_fence=True), vb, 128))
+# the shipped builds since session 19 (PV_FENCE on): the pair kernel and the one-block pisa/pwt kernel with the fence
+builds.append(("pisa/pwt pair recip pv_fence", lambda: FP.PairFwdSm90(4, 3, D, "", True, pv_fence=True), vb, 168))
+builds.append(("pisa/pwt q_rs pv_fence", lambda: F.PiecewiseSparseFwdSm90(True, 5, D, True, pv_fence=True), vb, 128))
+# the fences pinned to the row sums (fwd.PV_PIN, session 19)
+builds.append(("pisa/pwt pair recip pv_pin", lambda: FP.PairFwdSm90(4, 3, D, "", True, pv_fence=True, pv_pin=True),
+               vb, 168))
+builds.append(("drop q_rs pv_pin", lambda: F.PiecewiseSparseFwdSm90(False, 5, D, True, pv_fence=True, pv_pin=True),
+               vb, 128))
 for name, make, vbias, reg_bound in builds:
     for f in os.listdir(dump):
         os.remove(os.path.join(dump, f))
@@ -89,7 +135,7 @@ for name, make, vbias, reg_bound in builds:
     fn = F.cute.compile(make(), *args, *scal, cuda.CUstream(0))
     rec = {"compiled": fn is not None, "seconds": round(time.perf_counter() - t0, 2), "register_bound": reg_bound}
     ptx = [f for f in os.listdir(dump) if f.endswith(".ptx")]
-    ptxas = shutil.which("ptxas")
+    ptxas = PTXAS
     if ptx and ptxas:
         p = subprocess.run([ptxas, "-arch=sm_90a", "-v", os.path.join(dump, ptx[0]), "-o", os.devnull],
                            capture_output=True, text=True, timeout=600)
@@ -108,6 +154,9 @@ for name, make, vbias, reg_bound in builds:
         # mbarrier waits on a constant slot parity (a pipeline's first slot, or a state the trace lost track of)
         src = open(os.path.join(dump, ptx[0])).read()
         rec["const_parity_waits"] = len(re.findall(r"try_wait\.parity\.shared\.b64 P1, \[%r\d+\], \d+,", src))
+    sass = [f for f in os.listdir(dump) if f.endswith(".sass")]
+    if sass:
+        rec["fenced_waits"] = _fenced_waits(open(os.path.join(dump, sass[0])).read())
     out[name] = rec
 shutil.rmtree(dump, ignore_errors=True)
 
@@ -128,5 +177,11 @@ def _fragment_pairs():
     out["q_fragment_pairs"] = {"checked": len(frags), "bad": bad[:5]}
 
 
-_fragment_pairs()
+
+try:
+    _fragment_pairs()
+except Exception:  # with SASS kept, the DSL fails after the trace on this host-only function (no cubin to
+    # disassemble); the check's result is written during the trace
+    if not (SASS and "q_fragment_pairs" in out):
+        raise
 print("RESULTS_JSON " + json.dumps(out), flush=True)

@@ -15,7 +15,10 @@ FAMILIES = ["drop", "pisa/pwt", "drop q_rs", "pisa/pwt q_rs", "pisa/pwt q_rs bia
             "pisa/pwt pair recip vt_peel", "pisa/pwt pair recip q_perm vt_peel", "pisa/pwt pair recip pingpong",
             "pisa/pwt pair recip q_perm pingpong", "pisa/pwt pair recip vt_peel pingpong",
             "drop q_rs tree", "pisa/pwt q_rs tree", "pisa/pwt pair recip tree",
-            "pisa/pwt pair recip pv_fence s_ahead", "pisa/pwt pair recip q_perm s_ahead", "drop q_rs pv_fence"]
+            "pisa/pwt pair recip pv_fence s_ahead", "pisa/pwt pair recip q_perm s_ahead", "drop q_rs pv_fence",
+            "pisa/pwt pair recip pv_fence", "pisa/pwt q_rs pv_fence", "pisa/pwt pair recip pv_pin", "drop q_rs pv_pin"]
+# builds with tile_ops._pv_wait's fence (PV_FENCE, shipped since session 19; PV_PIN; S_AHEAD's loop always pins it)
+FENCED = [f for f in FAMILIES if "pv_fence" in f or "pv_pin" in f]
 
 if importlib.util.find_spec("cutlass") is None:
     pytest.skip("CuTe compile test skipped: nvidia-cutlass-dsl is not installed (pip install .[cute])",
@@ -37,7 +40,7 @@ def test_kernel_compiles_for_sm90(res, family):
 def test_kernel_fits_the_register_budget_without_spills(res, family):
     rec = res[family]
     if "registers" not in rec:
-        pytest.skip("ptxas not on PATH: register/spill check skipped")
+        pytest.skip("no ptxas (PATH or triton's bundled one): register/spill check skipped")
     assert rec["ptxas_rc"] == 0
     assert rec["registers"] is not None and rec["registers"] <= rec["register_bound"], rec
     assert rec["spill_bytes"] == 0, rec
@@ -49,7 +52,7 @@ def test_kernel_uses_no_local_memory(res, family):
     stack (48-80 bytes of local memory) and ncu measured the kernel 9% faster without it."""
     rec = res[family]
     if "stack_bytes" not in rec:
-        pytest.skip("ptxas not on PATH: local-memory check skipped")
+        pytest.skip("no ptxas (PATH or triton's bundled one): local-memory check skipped")
     assert rec["stack_bytes"] == 0, rec
 
 
@@ -59,8 +62,29 @@ def test_wgmma_stays_asynchronous(res, family):
     flight (it says so in a warning): the overlap of softmax and P V that the loop is built around would be gone."""
     rec = res[family]
     if "wgmma_serialized" not in rec:
-        pytest.skip("ptxas not on PATH: wgmma check skipped")
+        pytest.skip("no ptxas (PATH or triton's bundled one): wgmma check skipped")
     assert not rec["wgmma_serialized"], rec
+
+
+@pytest.mark.parametrize("family", FENCED)
+def test_fenced_p_v_wait_stays_below_the_whole_softmax(res, family):
+    """tile_ops._pv_wait: ptxas hoists the wait for the P V GEMM above the softmax's exponentials unless a fence
+    stops it (session 18: P V then never overlaps the softmax; session 19 on the H200: with the fence the kernels
+    are 3% faster at bitwise the same output). In the SASS of the DSL's own cubin every fenced wait must have a
+    whole tile's exponentials (34 per thread) between the GEMM it follows and itself."""
+    rec = res[family]
+    if "fenced_waits" not in rec:
+        pytest.skip("no nvdisasm >= 12.9 (CUDA_HOME, PATH or triton's bundled one): SASS order check skipped")
+    waits = rec["fenced_waits"]
+    assert waits and min(waits) >= 34, (family, waits)
+
+
+def test_unfenced_build_has_no_fenced_wait(res):
+    """The SASS reading above finds no fence where the build has none (the pair build without PV_FENCE)."""
+    rec = res["pisa/pwt pair recip"]
+    if "fenced_waits" not in rec:
+        pytest.skip("no nvdisasm >= 12.9: SASS order check skipped")
+    assert rec["fenced_waits"] == [], rec["fenced_waits"]
 
 
 def test_query_fragment_holds_column_pairs_of_one_row(res):

@@ -9,8 +9,9 @@ build. Skipped (one line) without CUDA, an SM90 GPU or nvidia-cutlass-dsl. On th
 in session 7 (bench/results/gpu_tests_s7_h200.log) and the reciprocal-epilogue and Morton tests in session 8; the
 shared-pipeline tests were written after that run. Session 17 (2026-12-03): every test of this file passed on the
 H200 but the q_perm test's cache-key check (fixed after that run), the ping-pong tests among them. Session 18: every
-test of this file passed (P18), and the tree-reduction tests (T18); the PV_FENCE / S_AHEAD tests (test_sched_*) were
-written after the last run of that session."""
+test of this file passed (P18), and the tree-reduction tests (T18). Session 19: every test of this file passed with
+PV_FENCE, PV_FENCE_VT and S_AHEAD on (A19), and with the defaults (PV_FENCE on); the PV_PIN arm and the pinned
+PV_FENCE_VT / S_AHEAD forms were written after that session's last run."""
 import pytest
 import torch
 
@@ -379,28 +380,32 @@ def _run_switch(q, k, v, cfg, routing, monkeypatch, pair, env, val):
 
 
 # PSA_CUTE_PV_FENCE / PSA_CUTE_PV_FENCE_VT (tile_ops._pv_wait: a CTA fence keeps ptxas from hoisting the P V wait
-# above the softmax) and PSA_CUTE_S_AHEAD (pair_sched._ahead_exact: S of tile u issued before the softmax of u - 1):
-# scheduling only, the same operations per tile, so the outputs equal the default build's. Lists of 0, 1, 2 and many
-# exact tiles (crafted, one block, two blocks, band 0 + sinks), an odd last block, no virtual tiles, the one-block
-# kernel and drop (PV_FENCE), and the node's Morton call
-_SCHED = ["PSA_CUTE_PV_FENCE", "PSA_CUTE_PV_FENCE_VT", "PSA_CUTE_S_AHEAD"]
+# above the softmax; PV_FENCE shipped since session 19), PSA_CUTE_PV_PIN (those fences under a row-sum test that
+# never holds, session 19; with PV_FENCE, as it only changes fenced waits) and PSA_CUTE_S_AHEAD (pair_sched.
+# _ahead_exact: S of tile u issued before the softmax of u - 1, its waits always pinned): scheduling only, the same
+# operations per tile, so the outputs equal the build without any of them. Lists of 0, 1, 2 and many exact tiles
+# (crafted, one block, two blocks, band 0 + sinks), an odd last block, no virtual tiles, the one-block kernel and
+# drop (PV_FENCE, PV_PIN), and the node's Morton call
+_SCHED = ["PSA_CUTE_PV_FENCE", "PSA_CUTE_PV_FENCE_VT", "PSA_CUTE_S_AHEAD", "PSA_CUTE_PV_PIN"]
+_ARMS = [("PSA_CUTE_PV_FENCE",), ("PSA_CUTE_PV_FENCE", "PSA_CUTE_PV_PIN"), ("PSA_CUTE_PV_FENCE_VT",),
+         ("PSA_CUTE_S_AHEAD",)]
 
 
 def _sched_equal(q, k, v, cfg, routing, monkeypatch, pair=True, ref=None):
     for env in _SCHED:
         monkeypatch.setenv(env, "0")
     base = _run(q, k, v, cfg, routing, monkeypatch, pair)
-    for on in _SCHED if pair else ["PSA_CUTE_PV_FENCE"]:  # each switch alone
+    for arm in _ARMS if pair else _ARMS[:2]:  # each arm alone
         for env in _SCHED:
-            monkeypatch.setenv(env, "1" if env == on else "0")
+            monkeypatch.setenv(env, "1" if env in arm else "0")
         out = _run(q, k, v, cfg, routing, monkeypatch, pair)
-        assert torch.isfinite(out).all(), on
-        assert torch.equal(out, base), f"{on} vs the default build: rel L2 {rel(out, base):.2e}"
-    if pair:  # all three at once
+        assert torch.isfinite(out).all(), arm
+        assert torch.equal(out, base), f"{arm} vs the build without them: rel L2 {rel(out, base):.2e}"
+    if pair:  # all at once
         for env in _SCHED:
             monkeypatch.setenv(env, "1")
         out = _run(q, k, v, cfg, routing, monkeypatch, pair)
-        assert torch.equal(out, base), f"all three vs the default build: rel L2 {rel(out, base):.2e}"
+        assert torch.equal(out, base), f"all of {_SCHED} vs the build without them: rel L2 {rel(out, base):.2e}"
     if ref is not None:
         assert rel(base, ref) <= REF_TOL
 

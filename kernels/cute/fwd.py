@@ -75,7 +75,7 @@ IMPORT_ERROR = None  # this module only imports when nvidia-cutlass-dsl does (ke
 D_SUPPORTED = 128
 from .switches import (  # noqa: E402  the switches and their measured history
     Q_RS, BIAS_L2, BIAS_PF, OUT_PERM, Q_PERM, PAIR_MIN_BLOCKS, RECIP_STORE, PAIR_SHARE, PAIR_SHARE_MAX_SEL,
-    PAIR_Q_PERM, PAIR_VT_STAGES, VT_PEEL, PINGPONG, TREE_MAX, TREE_SUM, S_AHEAD, PV_FENCE, PV_FENCE_VT,
+    PAIR_Q_PERM, PAIR_VT_STAGES, VT_PEEL, PINGPONG, TREE_MAX, TREE_SUM, S_AHEAD, PV_FENCE, PV_FENCE_VT, PV_PIN,
 )
 
 
@@ -84,10 +84,12 @@ class PiecewiseSparseFwdSm90(TileOps):
 
     def __init__(self, approx: bool, kv_stages: int = 4, head_dim: int = 128, q_rs: bool = False,
                  bias_l2: bool = False, bias_pf: bool = False, out_perm: bool = False, q_perm: bool = False,
-                 tree_max: bool = False, tree_sum: bool = False, pv_fence: bool = False, pv_fence_vt: bool = False):
+                 tree_max: bool = False, tree_sum: bool = False, pv_fence: bool = False, pv_fence_vt: bool = False,
+                 pv_pin: bool = False):
         self.approx = approx
         self.pv_fence = pv_fence  # a fence before the wait for P V after an exact tile's softmax (PV_FENCE)
         self.pv_fence_vt = pv_fence_vt  # and after a virtual tile's (PV_FENCE_VT)
+        self.pv_pin = pv_pin  # those fences predicated on the row sums (PV_PIN, tile_ops._pv_wait)
         self.tree_max = tree_max  # tile_ops._online_softmax's row max in pairs (TREE_MAX)
         self.tree_sum = tree_sum  # and its row sum (TREE_SUM)
         self.q_rs = q_rs  # S = Q K^T with Q from registers (read from shared memory once per CTA)
@@ -366,7 +368,7 @@ class PiecewiseSparseFwdSm90(TileOps):
                             if u + 1 >= n_valid:
                                 self._load_bias(bias, cnt, mVB, tScS, i_b, i_h, i_q, u + 1 - n_valid, n_kv,
                                                 n_last)
-                    self._pv_wait()
+                    self._pv_wait(False, row_sum)
                     vh.release()
                     self._rescale_o(acc_o, alpha)
                     self._to_p(acc_s, tOrP)
@@ -542,8 +544,9 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
     s_ahead = pair and not share and not pingpong and stages >= 3 and _env_flag("PSA_CUTE_S_AHEAD", S_AHEAD)
     pv_fence = _env_flag("PSA_CUTE_PV_FENCE", PV_FENCE)
     pv_fence_vt = pair and _env_flag("PSA_CUTE_PV_FENCE_VT", PV_FENCE_VT)
+    pv_pin = _env_flag("PSA_CUTE_PV_PIN", PV_PIN)
     key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm, vt_stages, probe, recip, share,
-           bool(q_perm), vt_peel, pingpong, tree_max, tree_sum, s_ahead, pv_fence, pv_fence_vt)
+           bool(q_perm), vt_peel, pingpong, tree_max, tree_sum, s_ahead, pv_fence, pv_fence_vt, pv_pin)
     args = [_cute(x) for x in (q, k, v, out, kb, vm, hb)]
     args += [from_dlpack(vb.detach(), assumed_align=vb.element_size()).mark_layout_dynamic(leading_dim=3),
              from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3),
@@ -562,10 +565,11 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
 
                     kern = PairFwdSm90(stages, vt_stages, D, probe, recip, share, bool(q_perm), vt_peel,
                                        pingpong, tree_max=tree_max, tree_sum=tree_sum, s_ahead=s_ahead,
-                                       pv_fence=pv_fence, pv_fence_vt=pv_fence_vt)
+                                       pv_fence=pv_fence, pv_fence_vt=pv_fence_vt, pv_pin=pv_pin)
                 else:
                     kern = PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2, bias_pf, out_perm, bool(q_perm),
-                                                  tree_max=tree_max, tree_sum=tree_sum, pv_fence=pv_fence)
+                                                  tree_max=tree_max, tree_sum=tree_sum, pv_fence=pv_fence,
+                                                  pv_pin=pv_pin)
                 fn = cute.compile(kern, *args, *scal, stream)
                 dt = time.perf_counter() - t0
                 _compile_seconds[str(key)] = dt

@@ -82,11 +82,11 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
     def __init__(self, kv_stages: int = KV_STAGES, vt_stages: int = VT_STAGES, head_dim: int = 128, probe: str = "",
                  recip_store: bool = False, share: bool = False, q_perm: bool = False, vt_peel: bool = False,
                  pingpong: bool = False, tree_max: bool = False, tree_sum: bool = False, s_ahead: bool = False,
-                 pv_fence: bool = False, pv_fence_vt: bool = False):
+                 pv_fence: bool = False, pv_fence_vt: bool = False, pv_pin: bool = False):
         # q_perm (Morton): query row t read from row mPerm[t] of the caller's q into the consumer's registers (no TMA,
         # no block-order copy of q) and the output written through mPerm (fwd.py's q_perm)
         super().__init__(True, kv_stages, head_dim, q_rs=True, out_perm=q_perm, q_perm=q_perm, tree_max=tree_max,
-                         tree_sum=tree_sum, pv_fence=pv_fence, pv_fence_vt=pv_fence_vt)
+                         tree_sum=tree_sum, pv_fence=pv_fence, pv_fence_vt=pv_fence_vt, pv_pin=pv_pin)
         self.recip_store = recip_store  # the epilogue multiplies by 1 / row sum (tile_ops._store_rows)
         self.vt_stages = vt_stages
         # one exact-tile pipeline for both consumers, fed with the union of their two lists (a block both lists
@@ -172,7 +172,7 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
         kh.release()
         self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
                            self.probe != "asexact", False, rem, False, full)
-        self._pv_wait(True)
+        self._pv_wait(True, row_sum)
         vh.release()
         self._rescale_o(acc_o, alpha)
         self._to_p(acc_s, tOrP)
@@ -217,7 +217,7 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
         kh.release()
         self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, False, is_tail,
                            rem, False)
-        self._pv_wait()
+        self._pv_wait(False, row_sum)
         vh.release()
         return g_jo
 
@@ -526,7 +526,7 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                         kh.release()
                         self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt,
                                            tScS, self.probe != "asexact", False, rem, False)
-                        self._pv_wait(True)
+                        self._pv_wait(True, row_sum)
                         vh.release()
                         self._rescale_o(acc_o, alpha)
                         self._to_p(acc_s, tOrP)

@@ -118,7 +118,7 @@ class PairSchedule:
             self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, koff + kh.index)])
             self._softmax_tile(sbuf, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, False,
                                kk_tail == u - 1, rem, False)
-            self._pv_wait()  # P V of u - 2 and S of u
+            self._pv_wait(False, row_sum, True)  # P V of u - 2 and S of u, after the whole softmax
             vprev.release()
             kh.release()
             self._rescale_o(acc_o, alpha)
@@ -128,7 +128,7 @@ class PairSchedule:
         # the last exact tile: its S is done, P V of the one before in flight
         self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, False,
                            kk_tail == n_valid - 1, rem, False)
-        self._pv_wait()
+        self._pv_wait(False, row_sum)
         vprev.release()
         self._rescale_o(acc_o, alpha)
         self._to_p(acc_s, tOrP)

@@ -80,7 +80,13 @@ TREE_SUM = False
 # pair_sched._ahead_exact): the softmax then runs under both GEMMs. Session 18's split of the pair kernel at 480p
 # (bench/probes/pair_split.py, exact part alone): tile stream 4.75 ms, + GEMMs 4.87, + softmax 4.76, + both 5.82.
 # Built on the CPU in session 18, off until timed; its sm_90a SASS has the wait after the softmax hoisted above the
-# exponentials again (with PV_FENCE the fence too), so as built no gain is expected. PSA_CUTE_S_AHEAD=1/0 overrides
+# exponentials again (with PV_FENCE the fence too), so as built no gain is expected. Session 19 on the H200
+# (sched_kernel_s19_h200.txt, sched_on_fence_s19_h200.txt; the kernels alone, medians of 5 alternated rounds): equal
+# outputs, pwt 480p 6.852 -> 7.381, 720p 35.802 -> 38.034 (slower in every round; on top of PV_FENCE 6.760 -> 7.094,
+# 34.658 -> 37.132): with the wait above the softmax nothing overlaps. Since session 19 its in-loop wait is pinned
+# to the row sums (tile_ops._pv_wait, force_pin): the DSL's own sm_90a cubin then has all 34 exponentials of the
+# softmax of u - 1 above the wait for S of u and P V of u - 2 (tests/test_cute_compile.py); untimed in that form
+# (A20). Off. PSA_CUTE_S_AHEAD=1/0 overrides
 S_AHEAD = False
 # a CTA-scope fence before the wait for the P V GEMM that a tile's softmax should run under (tile_ops._pv_wait):
 # ptxas otherwise hoists that WARPGROUP.DEPBAR above the softmax (sm_90a SASS of the pair and one-block kernels,
@@ -88,6 +94,21 @@ S_AHEAD = False
 # is what pair_split.py measured (either alone hides under the tile stream, both do not). With the fence the
 # exponentials stay above the wait. PV_FENCE: the exact tiles of both kernels (and the one-block kernel's virtual
 # tiles); PV_FENCE_VT: the pair kernel's virtual tiles (their bias loads for the next tile are in flight there, and
-# the fence may wait for them). Built on the CPU in session 18, off until timed. PSA_CUTE_PV_FENCE(_VT)=1/0 override
-PV_FENCE = False
+# the fence may wait for them). Built on the CPU in session 18. Session 19 on the H200 (sched_kernel_s19_h200.txt: the
+# kernels alone, medians of 5 alternated rounds, outputs bitwise equal): PV_FENCE pwt 480p 6.912 -> 6.690 ms, 720p
+# 35.754 -> 34.696 (faster in 5 of 5 rounds each), drop 5.943 -> 5.714 / 30.642 -> 29.565 (5 of 5): on. PV_FENCE_VT on
+# top of it (sched_on_fence_s19_h200.txt): 6.742 -> 6.722 (2 of 5), 34.695 -> 35.132 (0 of 5): off. The split with
+# the fence (pair_split_fence_s19_h200.txt, 480p, exact part alone): stream 4.758, + GEMMs 4.887, + softmax 4.796,
+# + both 5.657 (5.815 without the fence): a sixth of the gap above the stream is recovered; the rest is each tile's
+# S GEMM -> softmax chain (S_AHEAD's aim). The virtual tiles' fence held only 20-23 of their 34 exponentials above
+# the wait (SASS); since session 19 PV_FENCE_VT is pinned to the row sums (tile_ops._pv_wait; all 34 above it, and
+# the fence never runs, so it cannot wait for the next tile's bias loads in flight there): untimed in that form
+# (A20). PSA_CUTE_PV_FENCE(_VT)=1/0 override
+PV_FENCE = True
 PV_FENCE_VT = False
+# those fences under a test of the row sums that never holds in practice (tile_ops._pv_wait's pin): the predicated
+# fence, and the wait below it, then depend on every exponential of the tile, so ptxas cannot hoist them above the
+# softmax even where it moves an unconditional fence (the S-ahead loop, whose waits always take the pin), and the
+# fence itself never runs (sm_90a: FSETP on the row sums, a branch around MEMBAR.ALL.CTA, then the DEPBAR). Only
+# changes waits that PV_FENCE fences. Built on the CPU in session 19, off until timed (A20). PSA_CUTE_PV_PIN=1/0
+PV_PIN = False

@@ -21,6 +21,7 @@ import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 BS = 64  # query rows per CTA = tokens per routing block
+_PIN = 3.0e-38  # the row-sum test of _pv_wait's pinned fence (a thread's partial sums of exponentials hit it ~never)
 LOG2E = 1.4426950408889634
 LOG2_BS = 6.0  # log2(BS): a whole block's token count, folded into a virtual logit (fwd_pair.py vt_peel)
 
@@ -35,13 +36,24 @@ class TileOps:
                                      cute.group_modes(gt, 0, 2))
 
     @cute.jit
-    def _pv_wait(self, virtual: cutlass.Constexpr = False):
+    def _pv_wait(self, virtual: cutlass.Constexpr = False, pin=None, force_pin: cutlass.Constexpr = False):
         """The wait for the P V GEMM in flight after a tile's softmax. With pv_fence (virtual tiles: pv_fence_vt) a
         CTA-scope fence first, as a scheduling barrier: without it ptxas hoists this WARPGROUP.DEPBAR above the
         softmax (sm_90a SASS of both kernels: the wait sits before the first exponential), so the P V GEMM never
         runs under the softmax (session 18: the tile stream 4.75 ms at 480p, + GEMMs 4.87, + softmax 4.76, + both
-        5.82). With the fence the exponentials stay above it (MEMBAR.ALL.CTA, then the DEPBAR)."""
-        if cutlass.const_expr(self.pv_fence_vt if virtual else self.pv_fence):
+        5.82). With the fence the exponentials stay above it (MEMBAR.ALL.CTA, then the DEPBAR).
+        pin (the row sums, which every exponential of the tile feeds) with pv_pin, a virtual tile's fence
+        (pv_fence_vt), or force_pin: the fence only under a test of the row sums that never holds in practice
+        (_PIN; a fence is correct either way), so the test, and the predicated fence and the wait below it, depend
+        on the whole softmax. ptxas otherwise moves an unconditional fence with the wait above the exponentials in
+        the S-ahead loop and above 11-14 of the 34 in the pair kernel's virtual loop (sm_90a SASS, sessions 18-19;
+        pinned: all 34 above it in every loop), and a fence that never runs waits for nothing (a virtual tile's
+        bias loads for the next tile are in flight at this point)."""
+        fence = self.pv_fence_vt if virtual else self.pv_fence
+        if cutlass.const_expr(pin is not None and (force_pin or (fence and (self.pv_pin or virtual)))):
+            if pin[0] + pin[1] == _PIN:
+                cute.arch.fence_acq_rel_cta()
+        elif cutlass.const_expr(fence):
             cute.arch.fence_acq_rel_cta()
         warpgroup.wait_group(0)
 
