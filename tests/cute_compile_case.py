@@ -8,6 +8,7 @@ compile seconds and, when ptxas is found (PATH, else the one triton bundles), it
 generated PTX; and, when nvdisasm >= 12.9 is found (CUDA_HOME, else triton's bundled one), where the waits for a P V
 GEMM sit among the softmax's exponentials in the SASS of the DSL's own cubin (the code that runs on the GPU).
 """
+import importlib.util
 import json
 import os
 import re
@@ -23,20 +24,17 @@ dump = tempfile.mkdtemp(prefix="psa_cute_")
 
 def _triton_bin(tool):
     """triton's bundled CUDA tool (ptxas, nvdisasm 12.9 with triton 3.6-3.8), or None."""
-    try:
-        import importlib.util
-        spec = importlib.util.find_spec("triton")
-        path = os.path.join(os.path.dirname(spec.origin), "backends", "nvidia", "bin", tool)
-        return path if os.path.isfile(path) and os.access(path, os.X_OK) else None
-    except Exception:
-        return None
+    spec = importlib.util.find_spec("triton")
+    path = os.path.join(os.path.dirname(spec.origin), "backends", "nvidia", "bin", tool) if spec else ""
+    return path if os.path.isfile(path) and os.access(path, os.X_OK) else None
 
 
 PTXAS = shutil.which("ptxas") or _triton_bin("ptxas")
+# the DSL disassembles with nvdisasm from PATH or CUDA_HOME/bin; without either, point CUDA_HOME at triton's
 if not os.environ.get("CUDA_HOME") and not shutil.which("nvdisasm") and _triton_bin("nvdisasm"):
-    os.environ["CUDA_HOME"] = os.path.dirname(os.path.dirname(_triton_bin("nvdisasm")))  # the DSL reads bin/ there
-SASS = bool(shutil.which("nvdisasm") or (os.environ.get("CUDA_HOME")
-                                         and os.path.isfile(os.path.join(os.environ["CUDA_HOME"], "bin", "nvdisasm"))))
+    os.environ["CUDA_HOME"] = os.path.dirname(os.path.dirname(_triton_bin("nvdisasm")))
+SASS = bool(shutil.which("nvdisasm")
+            or os.path.isfile(os.path.join(os.environ.get("CUDA_HOME", ""), "bin", "nvdisasm")))
 os.environ["CUTE_DSL_KEEP"] = "ptx,cubin,sass" if SASS else "ptx"
 os.environ["CUTE_DSL_DUMP_DIR"] = dump
 os.environ["CUTE_DSL_DISABLE_FILE_CACHING"] = "1"
@@ -61,7 +59,6 @@ hb = torch.zeros(B, H, D, D, dtype=torch.bfloat16)
 vb = torch.zeros(B, H, n, n, dtype=torch.float16)
 idx = torch.zeros(B, H, n, 4, dtype=torch.int32)
 perm = torch.zeros(T, dtype=torch.int32)
-builds = []  # (family, kernel factory, bias rows, register bound: 65536 / threads per SM)
 
 
 def _fenced_waits(sass):
@@ -80,6 +77,9 @@ def _fenced_waits(sass):
         elif "MEMBAR" in line:
             fenced = True
     return counts
+
+
+builds = []  # (family, kernel factory, bias rows, register bound: 65536 / threads per SM)
 for approx, q_rs, l2, pf, op in ((False, False, False, False, False), (True, False, False, False, False),
                                  (False, True, False, False, False), (True, True, False, False, False),
                                  (True, True, True, False, False), (True, True, False, True, False),
@@ -175,7 +175,6 @@ def _fragment_pairs():
     bad = [(tid, e) for tid, c in enumerate(frags) for e in range(cutlass.cute.size(c) // 2)
            if not (c[2 * e][0] == c[2 * e + 1][0] and c[2 * e + 1][1] == c[2 * e][1] + 1 and c[2 * e][1] % 2 == 0)]
     out["q_fragment_pairs"] = {"checked": len(frags), "bad": bad[:5]}
-
 
 
 try:
