@@ -122,6 +122,27 @@ def block_index_of(to: dict):
     return b, None
 
 
+def stg_skipped(to: dict, total_blocks: int) -> tuple[int, ...]:
+    """The blocks whose self-attention this forward skips (LTX's spatio-temporal guidance: ComfyUI's LTX models run
+    the blocks in `stg_self_attn_blocks` with their self-attention replaced by the values, so the override is not
+    called there), ascending; () when none or unreadable."""
+    value = to.get("stg_self_attn_blocks")
+    if not value:
+        return ()
+    try:
+        return tuple(sorted({int(i) for i in value if 0 <= int(i) < total_blocks}))
+    except (TypeError, ValueError):
+        return ()
+
+
+def unskipped(c: int, skipped: tuple[int, ...]) -> int:
+    """The index of the c-th block (from 0) that is not in `skipped` (ascending)."""
+    for s in skipped:
+        if s <= c:
+            c += 1
+    return c
+
+
 def grid_of(value) -> tuple[int, ...]:
     """Newer ComfyUI's `grid_sizes` as a tuple: a torch.Size / tuple / list, or a tensor of shape [3] or [B, 3]
     (rows equal). ValueError for anything else."""

@@ -33,7 +33,7 @@ from ..kernels import piecewise_sparse_attention
 from ..kernels import dispatch as _dispatch
 from ..kernels import graphs
 from . import chain, policy, state, training
-from .call import block_index_of, bind, grid_of, layout_of, unwrap, with_plain
+from .call import block_index_of, bind, grid_of, layout_of, stg_skipped, unskipped, unwrap, with_plain
 from .layout import _SCHEDULES, sigma_and_step  # noqa: F401 (tests read them here)
 from .models import ForwardInfo, forward_info, model_spec, token_order  # noqa: F401 (re-exported)
 from .speed import slow_path_reason  # noqa: F401 (tests call it here)
@@ -148,7 +148,9 @@ class SparseAttentionOverride:
             return b, None
         if not is_self:  # counted: the joint self-attention calls of the forward (not refiners, not audio)
             return None, None
-        return state.next_block(st, branch, self.total_blocks), None
+        # LTX's STG forward makes no call in its skipped blocks: count over the others
+        skipped = stg_skipped(to, self.total_blocks)
+        return unskipped(state.next_block(st, branch, self.total_blocks - len(skipped)), skipped), None
 
     def _call(self, func, args, kwargs):
         try:

@@ -190,3 +190,21 @@ def test_enable_gqa_false_attn_precision_and_comfys_private_markers_still_run_sp
                       low_precision_attention=True, _inside_attn_wrapper=True, transformer_options=_opts())
     assert func.calls == []
     torch.testing.assert_close(out, _sparse_ref(q, k, v))
+
+
+@pytest.mark.parametrize("stg", [(1,), [1], (1, 9), ("1",)], ids=["tuple", "list", "out_of_range", "str"])
+def test_ltx_stg_skipped_blocks_are_not_counted(stg):
+    # LTX's STG forward (ComfyUI 0.33.0 LTX-2, upstream LTX-Video too) runs the blocks of stg_self_attn_blocks with
+    # their self-attention replaced by v, so the override sees blocks 0, 2, 3 of 4: the third call is block 3 (a
+    # dense block), not block 2
+    func = Func()
+    ov = _override(dense_blocks=(0, -1))
+    q, k, v = _qkv()
+    for n_dense in (1, 1, 2):
+        ov(func, q, k, v, heads=2, transformer_options=_opts(block_index=None, stg_self_attn_blocks=stg))
+        assert len(func.calls) == n_dense
+    # an unreadable list counts every block as before
+    func2, ov2 = Func(), _override(dense_blocks=(0, -1))
+    for n_dense in (1, 1, 1):
+        ov2(func2, q, k, v, heads=2, transformer_options=_opts(block_index=None, stg_self_attn_blocks=[None]))
+        assert len(func2.calls) == n_dense
