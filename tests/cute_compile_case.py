@@ -62,16 +62,21 @@ perm = torch.zeros(T, dtype=torch.int32)
 
 
 def _fenced_waits(sass):
-    """Per wait for all wgmma groups (WARPGROUP.DEPBAR.LE gsb0, 0x0) with a MEMBAR since the GEMM or wait before it
-    (tile_ops._pv_wait's fence, pinned or not): how many exponentials (MUFU.EX2) sit between that GEMM or wait and
-    it, in program order. A tile's softmax has 34 per thread (32 of P, 2 rescales); fewer means ptxas moved the
-    wait, and the fence with it, above part of the softmax, so that P V no longer runs under it."""
-    counts, ex2, fenced = [], 0, False
+    """Per wait for all wgmma groups (WARPGROUP.DEPBAR.LE gsb0, 0x0) with a MEMBAR since the wait before it
+    (tile_ops._pv_wait's fence, pinned or not): [exponentials (MUFU.EX2) between the wait before it and it, in
+    program order; exponentials before the first GEMM instruction (HGMMA) issued in that span, -1 where none is]. A
+    tile's softmax has 34 per thread (32 of P, 2 rescales); fewer means ptxas moved the wait, and the fence with it,
+    above part of the softmax, so that P V no longer runs under it. In the S-ahead loops the next tile's S GEMM is
+    issued in that span too (ptxas spreads its instructions through the softmax): it overlaps the softmax only when
+    its first instruction comes before the exponentials."""
+    counts, ex2, first, fenced = [], 0, -1, False
     for line in sass.splitlines():
-        if "HGMMA" in line or "WARPGROUP.DEPBAR" in line:
+        if "WARPGROUP.DEPBAR" in line:
             if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in line and fenced:
-                counts.append(ex2)
-            ex2, fenced = 0, False
+                counts.append([ex2, first])
+            ex2, first, fenced = 0, -1, False
+        elif "HGMMA" in line:
+            first = ex2 if first < 0 else first
         elif "MUFU.EX2" in line:
             ex2 += 1
         elif "MEMBAR" in line:
@@ -123,7 +128,16 @@ builds.append(("pisa/pwt pair recip pv_pin", lambda: FP.PairFwdSm90(4, 3, D, "",
                vb, 168))
 builds.append(("drop q_rs pv_pin", lambda: F.PiecewiseSparseFwdSm90(False, 5, D, True, pv_fence=True, pv_pin=True),
                vb, 128))
+# the pair build's virtual loop one tile ahead (fwd.S_AHEAD_VT, session 20): four shared stages
+builds.append(("pisa/pwt pair recip pv_fence s_ahead_vt", lambda: FP.PairFwdSm90(4, 4, D, "", True, pv_fence=True,
+                                                                                  s_ahead_vt=True), vb, 168))
+builds.append(("pisa/pwt pair recip pv_pin s_ahead s_ahead_vt",
+               lambda: FP.PairFwdSm90(4, 4, D, "", True, s_ahead=True, pv_fence=True, pv_pin=True, s_ahead_vt=True),
+               vb, 168))
+ONLY = os.environ.get("PSA_COMPILE_ONLY")  # (by hand: the builds whose name holds this string)
 for name, make, vbias, reg_bound in builds:
+    if ONLY and ONLY not in name:
+        continue
     for f in os.listdir(dump):
         os.remove(os.path.join(dump, f))
     args = [F._cute(t) for t in (x, x, x, x, kb, kb, hb)]

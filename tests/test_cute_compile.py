@@ -16,7 +16,8 @@ FAMILIES = ["drop", "pisa/pwt", "drop q_rs", "pisa/pwt q_rs", "pisa/pwt q_rs bia
             "pisa/pwt pair recip q_perm pingpong", "pisa/pwt pair recip vt_peel pingpong",
             "drop q_rs tree", "pisa/pwt q_rs tree", "pisa/pwt pair recip tree",
             "pisa/pwt pair recip pv_fence s_ahead", "pisa/pwt pair recip q_perm s_ahead", "drop q_rs pv_fence",
-            "pisa/pwt pair recip pv_fence", "pisa/pwt q_rs pv_fence", "pisa/pwt pair recip pv_pin", "drop q_rs pv_pin"]
+            "pisa/pwt pair recip pv_fence", "pisa/pwt q_rs pv_fence", "pisa/pwt pair recip pv_pin", "drop q_rs pv_pin",
+            "pisa/pwt pair recip pv_fence s_ahead_vt", "pisa/pwt pair recip pv_pin s_ahead s_ahead_vt"]
 # builds with tile_ops._pv_wait's fence (PV_FENCE, shipped since session 19; PV_PIN; S_AHEAD's loop always pins it)
 FENCED = [f for f in FAMILIES if "pv_fence" in f or "pv_pin" in f]
 
@@ -71,12 +72,28 @@ def test_fenced_p_v_wait_stays_below_the_whole_softmax(res, family):
     """tile_ops._pv_wait: ptxas hoists the wait for the P V GEMM above the softmax's exponentials unless a fence
     stops it (session 18: P V then never overlaps the softmax; session 19 on the H200: with the fence the kernels
     are 3% faster at bitwise the same output). In the SASS of the DSL's own cubin every fenced wait must have a
-    whole tile's exponentials (34 per thread) between the GEMM it follows and itself."""
+    whole tile's exponentials (34 per thread) between the wait before it and itself."""
     rec = res[family]
     if "fenced_waits" not in rec:
         pytest.skip("no nvdisasm >= 12.9 (CUDA_HOME, PATH or triton's bundled one): SASS order check skipped")
     waits = rec["fenced_waits"]
-    assert waits and min(waits) >= 34, (family, waits)
+    assert waits and min(w[0] for w in waits) >= 34, (family, waits)
+
+
+@pytest.mark.parametrize("family", [f for f in FENCED if "s_ahead" in f])
+def test_s_ahead_gemm_is_issued_above_the_softmax(res, family):
+    """pair_sched._ahead_exact / _ahead_virtual: the S GEMM of tile u is issued before the softmax of tile u - 1 so
+    that the two overlap. Session 20's first virtual build had ptxas run that softmax in the S accumulator's own
+    registers and issue the GEMM after it (the loop then as serial as the plain one); its schedule since then
+    spreads the GEMM's instructions through the softmax, the first ahead of every exponential. Every S-ahead loop's
+    fenced wait must have a GEMM issued in its span with no exponential before the first instruction (one loop per
+    switch: at least one such wait for s_ahead, one for s_ahead_vt)."""
+    rec = res[family]
+    if "fenced_waits" not in rec:
+        pytest.skip("no nvdisasm >= 12.9: SASS order check skipped")
+    ahead = [w for w in rec["fenced_waits"] if w[1] >= 0]
+    assert len(ahead) >= family.split().count("s_ahead") + family.split().count("s_ahead_vt"), rec["fenced_waits"]
+    assert all(w[1] == 0 for w in ahead), (family, rec["fenced_waits"])
 
 
 def test_unfenced_build_has_no_fenced_wait(res):

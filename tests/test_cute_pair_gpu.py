@@ -436,3 +436,43 @@ def test_sched_switches_on_the_morton_path_as_the_node_calls_it(monkeypatch):
     for env in _SCHED:
         monkeypatch.setenv(env, "1")
     assert torch.equal(call(), base)
+
+
+# PSA_CUTE_S_AHEAD_VT (pair_sched._ahead_virtual, session 20): the virtual loop with S of tile t issued before the
+# softmax of t - 1, tiles 1 .. n_vt - 2 as whole blocks (the peeled loop's arithmetic) and four shared stages:
+# bitwise the peeled loop's output. Virtual tiles: 1 (936: not entered), 2 (5000: no loop step), 3 (9000: one step,
+# the last block 40 tokens), 5 (20000: three steps); crafted unequal lists; band 0 + sinks; no virtual tiles; with
+# S_AHEAD and the pins stacked on it; and against the float64 reference
+@pytest.mark.parametrize("variant, shape, density, band, sinks", [
+    ("pwt", (1, 2, 936, 128), 0.125, 1, 0), ("pwt", (1, 2, 5000, 128), 0.125, 1, 0),
+    ("pwt", (1, 2, 9000, 128), 0.125, 1, 0), ("pwt", (1, 2, 20000, 128), 0.125, 1, 0),
+    ("pisa", (2, 2, 9000, 128), 0.2, 0, 1), ("pwt", (1, 2, 9000, 128), 0.5, 1, 0),
+    ("pwt", (1, 2, 936, 128), 1.0, 1, 0)],
+    ids=["one_tile", "two_tiles", "three_tiles", "five_tiles", "pisa_band0_sinks", "dense_lists", "no_virtual"])
+def test_s_ahead_vt_equals_the_peeled_loop(variant, shape, density, band, sinks, monkeypatch):
+    q, k, v = (rnd(shape, seed=212 + s) for s in range(3))
+    cfg = cfg_of(128, density, variant, band=band, sinks=sinks)
+    r, ref = float64_reference(q, k, v, cfg)
+    _ahead_vt_equal(q, k, v, cfg, r, monkeypatch, ref)
+
+
+@pytest.mark.parametrize("case", ["disjoint", "long_gap", "one_list_empty", "shifted"])
+def test_s_ahead_vt_crafted_lists(case, monkeypatch):
+    _ahead_vt_equal(*_crafted_case(case, 216), monkeypatch)
+
+
+def _ahead_vt_equal(q, k, v, cfg, routing, monkeypatch, ref=None):
+    for env in _SCHED:
+        monkeypatch.setenv(env, "0")
+    monkeypatch.setenv("PSA_CUTE_S_AHEAD_VT", "0")
+    monkeypatch.setenv("PSA_CUTE_VT_PEEL", "1")
+    peel = _run(q, k, v, cfg, routing, monkeypatch, True)
+    monkeypatch.setenv("PSA_CUTE_S_AHEAD_VT", "1")  # replaces the peeled loop (fwd.py)
+    out = _run(q, k, v, cfg, routing, monkeypatch, True)
+    assert torch.isfinite(out).all()
+    assert torch.equal(out, peel), f"S_AHEAD_VT vs the peeled loop: rel L2 {rel(out, peel):.2e}"
+    for env in ("PSA_CUTE_S_AHEAD", "PSA_CUTE_PV_PIN", "PSA_CUTE_PV_FENCE_VT"):  # stacked
+        monkeypatch.setenv(env, "1")
+    assert torch.equal(_run(q, k, v, cfg, routing, monkeypatch, True), peel)
+    if ref is not None:
+        assert rel(out, ref) <= REF_TOL, f"S_AHEAD_VT vs float64 reference: rel L2 {rel(out, ref):.2e}"

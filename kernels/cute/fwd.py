@@ -76,6 +76,7 @@ D_SUPPORTED = 128
 from .switches import (  # noqa: E402  the switches and their measured history
     Q_RS, BIAS_L2, BIAS_PF, OUT_PERM, Q_PERM, PAIR_MIN_BLOCKS, RECIP_STORE, PAIR_SHARE, PAIR_SHARE_MAX_SEL,
     PAIR_Q_PERM, PAIR_VT_STAGES, VT_PEEL, PINGPONG, TREE_MAX, TREE_SUM, S_AHEAD, PV_FENCE, PV_FENCE_VT, PV_PIN,
+    S_AHEAD_VT,
 )
 
 
@@ -542,11 +543,14 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
     tree_max = _env_flag("PSA_CUTE_TREE_MAX", TREE_MAX)
     tree_sum = _env_flag("PSA_CUTE_TREE_SUM", TREE_SUM)
     s_ahead = pair and not share and not pingpong and stages >= 3 and _env_flag("PSA_CUTE_S_AHEAD", S_AHEAD)
+    s_ahead_vt = pair and not share and not pingpong and _env_flag("PSA_CUTE_S_AHEAD_VT", S_AHEAD_VT)
+    vt_stages = max(vt_stages, 4) if s_ahead_vt else vt_stages  # it holds three shared stages at once
+    vt_peel = vt_peel and not s_ahead_vt
     pv_fence = _env_flag("PSA_CUTE_PV_FENCE", PV_FENCE)
     pv_fence_vt = pair and _env_flag("PSA_CUTE_PV_FENCE_VT", PV_FENCE_VT)
     pv_pin = _env_flag("PSA_CUTE_PV_PIN", PV_PIN)
     key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm, vt_stages, probe, recip, share,
-           bool(q_perm), vt_peel, pingpong, tree_max, tree_sum, s_ahead, pv_fence, pv_fence_vt, pv_pin)
+           bool(q_perm), vt_peel, pingpong, tree_max, tree_sum, s_ahead, pv_fence, pv_fence_vt, pv_pin, s_ahead_vt)
     args = [_cute(x) for x in (q, k, v, out, kb, vm, hb)]
     args += [from_dlpack(vb.detach(), assumed_align=vb.element_size()).mark_layout_dynamic(leading_dim=3),
              from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3),
@@ -565,7 +569,8 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
 
                     kern = PairFwdSm90(stages, vt_stages, D, probe, recip, share, bool(q_perm), vt_peel,
                                        pingpong, tree_max=tree_max, tree_sum=tree_sum, s_ahead=s_ahead,
-                                       pv_fence=pv_fence, pv_fence_vt=pv_fence_vt, pv_pin=pv_pin)
+                                       pv_fence=pv_fence, pv_fence_vt=pv_fence_vt, pv_pin=pv_pin,
+                                       s_ahead_vt=s_ahead_vt)
                 else:
                     kern = PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2, bias_pf, out_perm, bool(q_perm),
                                                   tree_max=tree_max, tree_sum=tree_sum, pv_fence=pv_fence,

@@ -82,7 +82,7 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
     def __init__(self, kv_stages: int = KV_STAGES, vt_stages: int = VT_STAGES, head_dim: int = 128, probe: str = "",
                  recip_store: bool = False, share: bool = False, q_perm: bool = False, vt_peel: bool = False,
                  pingpong: bool = False, tree_max: bool = False, tree_sum: bool = False, s_ahead: bool = False,
-                 pv_fence: bool = False, pv_fence_vt: bool = False, pv_pin: bool = False):
+                 pv_fence: bool = False, pv_fence_vt: bool = False, pv_pin: bool = False, s_ahead_vt: bool = False):
         # q_perm (Morton): query row t read from row mPerm[t] of the caller's q into the consumer's registers (no TMA,
         # no block-order copy of q) and the output written through mPerm (fwd.py's q_perm)
         super().__init__(True, kv_stages, head_dim, q_rs=True, out_perm=q_perm, q_perm=q_perm, tree_max=tree_max,
@@ -111,6 +111,10 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
         # pipelines without ping-pong, three stages held at once
         self.s_ahead = s_ahead and not share and not self.pingpong
         assert not self.s_ahead or kv_stages >= 3, "s_ahead holds three exact stages"
+        # the same for the virtual loop (pair_sched._ahead_virtual; fwd.S_AHEAD_VT), in place of the peeled loop
+        self.s_ahead_vt = s_ahead_vt and not share and not self.pingpong
+        self.vt_peel = self.vt_peel and not self.s_ahead_vt
+        assert not self.s_ahead_vt or vt_stages >= 4, "s_ahead_vt holds three shared stages"
         self.threads = 384
         self.regs_producer = 24
         self.regs_consumer = 240
@@ -402,7 +406,8 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
             rem = T - (n_kv - 1) * BS
             alpha = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
             acc_s = cute.make_rmem_tensor(s_shape, cutlass.Float32)
-            sbuf = cute.make_rmem_tensor(s_shape, cutlass.Float32) if self.s_ahead else None  # S of the tile before
+            sbuf = (cute.make_rmem_tensor(s_shape, cutlass.Float32) if self.s_ahead or self.s_ahead_vt
+                    else None)  # S of the tile before
             tOrP = cute.make_rmem_tensor(pv_thr.partition_shape_A(self.pv_tiler[::2]), mO.element_type)
             n_valid, kk_tail = self._list_scan(mIdx, i_b, i_h, i_q, n_sel, n_kv, rem)  # list length, partial block
             n_last = cutlass.Float32(rem)
@@ -534,7 +539,10 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                             kv_cons = self._pass(kv_cons, n_o - jo)
                     vargs = (qk_mma, pv_mma, acc_s, acc_o, tOrP, sQi, tSrKp, tOrVp, row_max, row_sum, row_g,
                              scale_log2, alpha, bias, cnt, bias_h, vrow, tScS, n_vt, n_kv, n_last, rem)
-                    if cutlass.const_expr(self.vt_peel):  # whole-block tiles in the loop, the last one after it
+                    if cutlass.const_expr(self.s_ahead_vt):
+                        if n_vt > 1:
+                            vp_cons = self._ahead_virtual(*vargs, sbuf, vp_cons)
+                    elif cutlass.const_expr(self.vt_peel):  # whole-block tiles in the loop, the last one after it
                         for u in cutlass.range(n_valid + 1, n_tiles - 1, unroll=1):
                             vh = vp_cons.wait_and_advance()
                             kh = vp_cons.wait_and_advance()

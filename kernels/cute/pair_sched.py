@@ -11,7 +11,11 @@
   (_ahead_exact), so that softmax runs under both GEMMs (S of u, P V of u - 2) instead of after S of u. Session 18's
   split of the pair kernel (bench/probes/pair_split.py, H200, 480p, exact part alone): the tile stream 4.75 ms, with
   the GEMMs 4.87, with the softmax 4.76, with both 5.82. Either hides under the stream; the chain S -> softmax does
-  not. It holds one more exact stage (V of u - 2 until its P V is done): three of the four while S of u runs.
+  not. It holds one more exact stage (V of u - 2 until its P V is done): three of the four while S of u runs;
+* s_ahead_vt (PSA_CUTE_S_AHEAD_VT): the same for the virtual tiles (_ahead_virtual), where the split measured the
+  larger share: at 720p the pair kernel's virtual tiles cost 5.4 ms of 35.0 (19 tiles per query block against 148
+  exact ones), of which the tiles' stream is 0.8 (pair_split.py, session 18). It holds three shared stages at once
+  (value means of t - 2 and t - 1, k-bar of t), so the build takes four (224 KiB of shared memory).
 """
 import cutlass
 import cutlass.cute as cute
@@ -133,3 +137,46 @@ class PairSchedule:
         self._rescale_o(acc_o, alpha)
         self._to_p(acc_s, tOrP)
         return kv_cons
+
+    @cute.jit
+    def _ahead_virtual(self, qk_mma, pv_mma, acc_s, acc_o, tOrP, sQi, tSrKp, tOrVp, row_max, row_sum, row_g,
+                       scale_log2, alpha, bias, cnt, bias_h, vrow, tScS, n_vt, n_kv, n_last, rem, sbuf, vp_cons):
+        """s_ahead_vt: virtual tiles 1 .. n_vt - 1 (n_vt >= 2), the S GEMM of tile t issued before the softmax of
+        tile t - 1 (as _ahead_exact). Entered in the plain loop's state after virtual tile 0 (its P in tOrP, nothing
+        in flight, tile 1's bias fetched); leaves P of the last virtual tile in tOrP, its value means not yet waited
+        for (the plain loop's exit state). A tile's bias is converted right before its softmax and the next one's
+        fetched then, a whole step ahead as in _virtual_step. The same operations per tile as the plain loop
+        (bitwise the same output). Returns the advanced consumer (vp_cons = ..., as _pass)."""
+        vmask = self.probe != "asexact"
+        vh = vp_cons.wait_and_advance()  # value means of tile 0
+        kh = vp_cons.wait_and_advance()  # k-bar of tile 1
+        self._issue_ss(qk_mma, acc_s, sQi, tSrKp[(None, None, None, kh.index)])
+        self._issue_rs(pv_mma, acc_o, tOrP, tOrVp[(None, None, None, vh.index)])
+        warpgroup.wait_group(1)  # S of tile 1; P V of tile 0 still runs
+        kh.release()
+        vprev = vh
+        for t in cutlass.range(2, n_vt, unroll=1):
+            vh = vp_cons.wait_and_advance()  # value means of t - 1
+            kh = vp_cons.wait_and_advance()  # k-bar of t
+            self._bias_full(bias, bias_h)  # tile t - 1 holds whole blocks, none the last (vt_peel's form)
+            self._bias_fetch(bias_h, vrow, tScS, t, n_kv)
+            sbuf.store(acc_s.load())
+            self._issue_ss(qk_mma, acc_s, sQi, tSrKp[(None, None, None, kh.index)])
+            self._softmax_tile(sbuf, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, vmask,
+                               False, rem, False, True)
+            self._pv_wait(True, row_sum, True)  # P V of t - 2 and S of t, after the whole softmax
+            vprev.release()
+            kh.release()
+            self._rescale_o(acc_o, alpha)
+            self._to_p(sbuf, tOrP)
+            self._issue_rs(pv_mma, acc_o, tOrP, tOrVp[(None, None, None, vh.index)])
+            vprev = vh
+        # the last virtual tile: its S is done, P V of the one before in flight
+        self._bias_use(bias, cnt, bias_h, tScS, n_vt - 1, n_kv, n_last)
+        self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, vmask, False,
+                           rem, False)
+        self._pv_wait(True, row_sum)
+        vprev.release()
+        self._rescale_o(acc_o, alpha)
+        self._to_p(acc_s, tOrP)
+        return vp_cons

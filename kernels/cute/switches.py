@@ -112,3 +112,12 @@ PV_FENCE_VT = False
 # fence itself never runs (sm_90a: FSETP on the row sums, a branch around MEMBAR.ALL.CTA, then the DEPBAR). Only
 # changes waits that PV_FENCE fences. Built on the CPU in session 19, off until timed (A20). PSA_CUTE_PV_PIN=1/0
 PV_PIN = False
+# the pair build's virtual loop with the S GEMM of tile t issued before the softmax of tile t - 1 (pair_sched.
+# _ahead_virtual; S_AHEAD's schedule for the virtual tiles, its wait always pinned to the row sums). The virtual tiles
+# are where the split puts the larger share above their bound: 5.4 of 35.0 ms at 720p against 0.8 for their stream
+# (pair_split.py, session 18), B19's virtual part 0.98 / 6.9 ms against cuDNN's 0.70 / 3.58 for q against the block
+# means alone. It holds three shared stages at once, so it takes four (PSA_CUTE_VT_STAGES below 4 is raised; 224 KiB
+# of shared memory) and replaces the peeled loop (VT_PEEL). Built on the CPU in session 20 (bitwise the same
+# operations per tile; the DSL's sm_90a SASS has all 34 exponentials of tile t - 1 above the wait for S of t and P V
+# of t - 2, tests/test_cute_compile.py), off until timed. PSA_CUTE_S_AHEAD_VT=1/0 overrides
+S_AHEAD_VT = False
