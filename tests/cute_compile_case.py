@@ -146,8 +146,11 @@ for name, make, vbias, reg_bound in builds:
              F.from_dlpack(perm, assumed_align=4).mark_layout_dynamic(leading_dim=0)]
     scal = [cutlass.Int32(1), cutlass.Float32(0.1), cutlass.Float32(0.1)]
     t0 = time.perf_counter()
-    fn = F.cute.compile(make(), *args, *scal, cuda.CUstream(0))
+    kern = make()
+    fn = F.cute.compile(kern, *args, *scal, cuda.CUstream(0))
     rec = {"compiled": fn is not None, "seconds": round(time.perf_counter() - t0, 2), "register_bound": reg_bound}
+    if hasattr(getattr(kern, "smem", None), "size_in_bytes"):  # the CTA's shared memory (traced struct)
+        rec["smem_bytes"] = int(kern.smem.size_in_bytes())
     ptx = [f for f in os.listdir(dump) if f.endswith(".ptx")]
     ptxas = PTXAS
     if ptx and ptxas:

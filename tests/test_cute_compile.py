@@ -67,6 +67,18 @@ def test_wgmma_stays_asynchronous(res, family):
     assert not rec["wgmma_serialized"], rec
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_shared_memory_fits_the_ctas_per_sm(res, family):
+    """A CTA may have 227 KiB of shared memory on SM90, and an SM 228 KiB for all its CTAs with 1 KiB reserved per
+    CTA: the one-block kernel runs 2 CTAs per SM (its 128-register bound), the pair kernel 1 (168). The pair build
+    with S_AHEAD_VT's four shared stages takes 225 KiB (230400 bytes), the default pair build 209 KiB."""
+    rec = res[family]
+    if "smem_bytes" not in rec:
+        pytest.skip("this cutlass-dsl exposes no traced shared-memory struct: check skipped")
+    ctas = 2 if rec["register_bound"] == 128 else 1
+    assert rec["smem_bytes"] <= 227 * 1024 and ctas * (rec["smem_bytes"] + 1024) <= 228 * 1024, (family, rec)
+
+
 @pytest.mark.parametrize("family", FENCED)
 def test_fenced_p_v_wait_stays_below_the_whole_softmax(res, family):
     """tile_ops._pv_wait: ptxas hoists the wait for the P V GEMM above the softmax's exponentials unless a fence

@@ -339,7 +339,9 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                             cute.copy(tma_v, tVg[(None, 0, j, hb)], tVs[(None, c * S + hk.index)],
                                       tma_bar_ptr=hk.barrier)
             if warp == 2:
-                if n_vt > 0:
+                if n_vt > 0 and cutlass.const_expr(self.s_ahead_vt):  # k-bar tiles one ahead of the value means
+                    self._produce_virtual_ahead(vp_pipe, tma_kb, sKp, gKbt, tma_vm, sVp, gVmt, tma_h, gHt, n_vt, hb)
+                if n_vt > 0 and cutlass.const_expr(not self.s_ahead_vt):
                     vp_prod, _ = vp_pipe.make_participants()
                     tKbs, tKbg = self._tma_part(tma_kb, sKp, gKbt, BS, self.d)
                     tVms, tVmg = self._tma_part(tma_vm, sVp, gVmt, self.d, BS)

@@ -15,11 +15,14 @@
 * s_ahead_vt (PSA_CUTE_S_AHEAD_VT): the same for the virtual tiles (_ahead_virtual), where the split measured the
   larger share: at 720p the pair kernel's virtual tiles cost 5.4 ms of 35.0 (19 tiles per query block against 148
   exact ones), of which the tiles' stream is 0.8 (pair_split.py, session 18). It holds three shared stages at once
-  (value means of t - 2 and t - 1, k-bar of t), so the build takes four (224 KiB of shared memory).
+  (value means of t - 2 and t - 1, k-bar of t), so the build takes four (225 KiB of shared memory); its producer
+  sends each k-bar tile one tile ahead of the value means.
 """
 import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import warpgroup
+
+from .tile_ops import BS
 
 
 class PairSchedule:
@@ -144,21 +147,25 @@ class PairSchedule:
         """s_ahead_vt: virtual tiles 1 .. n_vt - 1 (n_vt >= 2), the S GEMM of tile t issued before the softmax of
         tile t - 1 (as _ahead_exact). Entered in the plain loop's state after virtual tile 0 (its P in tOrP, nothing
         in flight, tile 1's bias fetched); leaves P of the last virtual tile in tOrP, its value means not yet waited
-        for (the plain loop's exit state). A tile's bias is converted right before its softmax and the next one's
-        fetched then, a whole step ahead as in _virtual_step. The same operations per tile as the plain loop
-        (bitwise the same output). Returns the advanced consumer (vp_cons = ..., as _pass)."""
+        for (the plain loop's exit state). The producer sends each k-bar tile one tile ahead of the value means (k-bar
+        0, then k-bar t and the value means of t - 1, then the last value means), so a step waits for its k-bar tile
+        at its start and for the value means only before their P V, a whole step after the slot of the means two
+        tiles back is freed; three stages held at once (means of t - 2, k-bar of t, means of t - 1), four in the
+        build. Tiles 1 .. n_vt - 2 hold whole blocks, none the last: the peeled loop's arithmetic (_bias_full, no
+        counts), which also leaves ptxas the registers to keep the softmax off the S accumulator (the first build,
+        with the plain loop's counts, issued every HGMMA of S after the softmax: sm_90a SASS). The same operations
+        per tile as the peeled loop (bitwise its output). Returns the advanced consumer (vp_cons = ..., as _pass)."""
         vmask = self.probe != "asexact"
-        vh = vp_cons.wait_and_advance()  # value means of tile 0
         kh = vp_cons.wait_and_advance()  # k-bar of tile 1
+        vh = vp_cons.wait_and_advance()  # value means of tile 0
         self._issue_ss(qk_mma, acc_s, sQi, tSrKp[(None, None, None, kh.index)])
         self._issue_rs(pv_mma, acc_o, tOrP, tOrVp[(None, None, None, vh.index)])
         warpgroup.wait_group(1)  # S of tile 1; P V of tile 0 still runs
         kh.release()
         vprev = vh
         for t in cutlass.range(2, n_vt, unroll=1):
-            vh = vp_cons.wait_and_advance()  # value means of t - 1
             kh = vp_cons.wait_and_advance()  # k-bar of t
-            self._bias_full(bias, bias_h)  # tile t - 1 holds whole blocks, none the last (vt_peel's form)
+            self._bias_full(bias, bias_h)  # tile t - 1
             self._bias_fetch(bias_h, vrow, tScS, t, n_kv)
             sbuf.store(acc_s.load())
             self._issue_ss(qk_mma, acc_s, sQi, tSrKp[(None, None, None, kh.index)])
@@ -169,6 +176,7 @@ class PairSchedule:
             kh.release()
             self._rescale_o(acc_o, alpha)
             self._to_p(sbuf, tOrP)
+            vh = vp_cons.wait_and_advance()  # value means of t - 1
             self._issue_rs(pv_mma, acc_o, tOrP, tOrVp[(None, None, None, vh.index)])
             vprev = vh
         # the last virtual tile: its S is done, P V of the one before in flight
@@ -180,3 +188,26 @@ class PairSchedule:
         self._rescale_o(acc_o, alpha)
         self._to_p(acc_s, tOrP)
         return vp_cons
+
+    @cute.jit
+    def _produce_virtual_ahead(self, vp_pipe, tma_kb, sKp, gKbt, tma_vm, sVp, gVmt, tma_h, gHt, n_vt, hb):
+        """s_ahead_vt's warp 2 (n_vt > 0): the k-bar and value-mean tiles of every KV block with each k-bar tile one
+        tile ahead of the value means (k-bar 0; k-bar t, value means t - 1; the last value means), the order
+        _ahead_virtual waits in (its boundary step and a single tile wait as the plain loop does), then the two H-bar
+        tiles. The plain order (k-bar t, value means t) stays inline in fwd_pair.py, so that build is unchanged."""
+        vp_prod, _ = vp_pipe.make_participants()
+        tKbs, tKbg = self._tma_part(tma_kb, sKp, gKbt, BS, self.d)
+        tVms, tVmg = self._tma_part(tma_vm, sVp, gVmt, self.d, BS)
+        tHs, tHg = self._tma_part(tma_h, sVp, gHt, self.d, BS)
+        h = vp_prod.acquire_and_advance()
+        cute.copy(tma_kb, tKbg[(None, 0, 0, hb)], tKbs[(None, h.index)], tma_bar_ptr=h.barrier)
+        for t in cutlass.range(1, n_vt, unroll=1):
+            h = vp_prod.acquire_and_advance()
+            cute.copy(tma_kb, tKbg[(None, t, 0, hb)], tKbs[(None, h.index)], tma_bar_ptr=h.barrier)
+            h = vp_prod.acquire_and_advance()
+            cute.copy(tma_vm, tVmg[(None, 0, t - 1, hb)], tVms[(None, h.index)], tma_bar_ptr=h.barrier)
+        h = vp_prod.acquire_and_advance()
+        cute.copy(tma_vm, tVmg[(None, 0, n_vt - 1, hb)], tVms[(None, h.index)], tma_bar_ptr=h.barrier)
+        for t in cutlass.range_constexpr(self.d // BS):
+            h = vp_prod.acquire_and_advance()
+            cute.copy(tma_h, tHg[(None, 0, t, hb)], tHs[(None, h.index)], tma_bar_ptr=h.barrier)
