@@ -63,14 +63,18 @@ perm = torch.zeros(T, dtype=torch.int32)
 
 def _fenced_waits(sass):
     """Per wait for all wgmma groups (WARPGROUP.DEPBAR.LE gsb0, 0x0) with a MEMBAR since the wait before it
-    (tile_ops._pv_wait's fence, pinned or not): [exponentials (MUFU.EX2) between the wait before it and it, in
+    (tile_ops._pv_wait's fence, pinned or not; not one right before FENCE.VIEW.ASYNC): [exponentials (MUFU.EX2) between the wait before it and it, in
     program order; exponentials before the first GEMM instruction (HGMMA) issued in that span, -1 where none is]. A
     tile's softmax has 34 per thread (32 of P, 2 rescales); fewer means ptxas moved the wait, and the fence with it,
     above part of the softmax, so that P V no longer runs under it. In the S-ahead loops the next tile's S GEMM is
     issued in that span too (ptxas spreads its instructions through the softmax): it overlaps the softmax only when
     its first instruction comes before the exponentials."""
-    counts, ex2, first, fenced = [], 0, -1, False
+    counts, ex2, first, fenced, prev = [], 0, -1, False, ""
     for line in sass.splitlines():
+        if "FENCE.VIEW.ASYNC" in line and "MEMBAR" in prev:
+            fenced = False  # shared-memory stores made visible to the GEMMs (q_perm's query stage), not _pv_wait's
+        if ";" in line:
+            prev = line
         if "WARPGROUP.DEPBAR" in line:
             if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in line and fenced:
                 counts.append([ex2, first])
@@ -131,6 +135,8 @@ builds.append(("drop q_rs pv_pin", lambda: F.PiecewiseSparseFwdSm90(False, 5, D,
 # the pair build's virtual loop one tile ahead (fwd.S_AHEAD_VT, session 20): four shared stages
 builds.append(("pisa/pwt pair recip pv_fence s_ahead_vt", lambda: FP.PairFwdSm90(4, 4, D, "", True, pv_fence=True,
                                                                                   s_ahead_vt=True), vb, 168))
+builds.append(("pisa/pwt pair recip q_perm pv_fence s_ahead_vt",
+               lambda: FP.PairFwdSm90(4, 4, D, "", True, q_perm=True, pv_fence=True, s_ahead_vt=True), vb, 168))
 builds.append(("pisa/pwt pair recip pv_pin s_ahead s_ahead_vt",
                lambda: FP.PairFwdSm90(4, 4, D, "", True, s_ahead=True, pv_fence=True, pv_pin=True, s_ahead_vt=True),
                vb, 168))
