@@ -63,8 +63,9 @@ perm = torch.zeros(T, dtype=torch.int32)
 
 def _fenced_waits(sass):
     """Per wait for all wgmma groups (WARPGROUP.DEPBAR.LE gsb0, 0x0) with a MEMBAR since the wait before it
-    (tile_ops._pv_wait's fence, pinned or not; not one right before FENCE.VIEW.ASYNC): [exponentials (MUFU.EX2) between the wait before it and it, in
-    program order; exponentials before the first GEMM instruction (HGMMA) issued in that span, -1 where none is]. A
+    (tile_ops._pv_wait's fence, pinned or not; not one right before FENCE.VIEW.ASYNC): [exponentials (MUFU.EX2)
+    between the wait before it and it, in program order; exponentials before the first GEMM instruction (HGMMA)
+    issued in that span, -1 where none is]. A
     tile's softmax has 34 per thread (32 of P, 2 rescales); fewer means ptxas moved the wait, and the fence with it,
     above part of the softmax, so that P V no longer runs under it. In the S-ahead loops the next tile's S GEMM is
     issued in that span too (ptxas spreads its instructions through the softmax): it overlaps the softmax only when

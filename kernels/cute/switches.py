@@ -116,8 +116,10 @@ PV_PIN = False
 # _ahead_virtual; S_AHEAD's schedule for the virtual tiles, its wait always pinned to the row sums). The virtual tiles
 # are where the split puts the larger share above their bound: 5.4 of 35.0 ms at 720p against 0.8 for their stream
 # (pair_split.py, session 18), B19's virtual part 0.98 / 6.9 ms against cuDNN's 0.70 / 3.58 for q against the block
-# means alone. It holds three shared stages at once, so it takes four (PSA_CUTE_VT_STAGES below 4 is raised; 224 KiB
-# of shared memory) and replaces the peeled loop (VT_PEEL). Built on the CPU in session 20 (bitwise the same
-# operations per tile; the DSL's sm_90a SASS has all 34 exponentials of tile t - 1 above the wait for S of t and P V
-# of t - 2, tests/test_cute_compile.py), off until timed. PSA_CUTE_S_AHEAD_VT=1/0 overrides
+# means alone. It holds three shared stages at once, so it takes four (PSA_CUTE_VT_STAGES below 4 is raised; 225 KiB
+# of shared memory), its producer sends each k-bar tile one tile ahead of the value means, and it replaces the peeled
+# loop (VT_PEEL), whose whole-block arithmetic it uses (bitwise the peel's output; with the plain loop's counts ptxas
+# issued the S GEMM after the softmax). Built on the CPU in session 20: the DSL's sm_90a SASS has the S GEMM's first
+# instruction above the softmax of tile t - 1 and all 34 exponentials above the wait for S of t and P V of t - 2
+# (tests/test_cute_compile.py); off until timed (A20). PSA_CUTE_S_AHEAD_VT=1/0 overrides
 S_AHEAD_VT = False
