@@ -702,10 +702,9 @@ A20)  # session 20's first call (carry .carry/cs1; ~8 min; its tests: A20T): ses
     # rule. Prediction: PV_PIN within +-0.5% (an executed fence with no loads in flight costs little); PV_FENCE_VT
     # the virtual tiles 0.96 -> ~0.85 ms at 480p, 6.8 -> ~6 at 720p; S_AHEAD the exact part -0.2 to -0.4 ms at 480p
     # (split: novt 5.66 -> ~5.3, the stream 4.76 the floor). Added in session 20 (built on the CPU, same rule):
-    # PSA_CUTE_S_AHEAD_VT (the virtual loop with S of tile t issued before the softmax of t - 1, the peeled loop's
-    # arithmetic, four shared stages); its outputs are the peeled loop's (bitwise, tests/test_cute_pair_gpu.py), so
-    # against the default its max diff is VT_PEEL's rounding (a bf16 step), not 0; prediction: the virtual tiles 0.96
-    # -> ~0.8 ms at 480p, 6.8 -> ~5.5 at 720p
+    # PSA_CUTE_S_AHEAD_VT (the virtual loop with S of tile t issued before the softmax of t - 1, four shared stages,
+    # scheduling only: outputs equal; left out where S_AHEAD is on, so in pin_stack it stacks on PV_PIN only);
+    # prediction: the virtual tiles 0.96 -> ~0.8 ms at 480p, 6.8 -> ~5.5 at 720p
     python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
     log "pin, vt fence, S ahead (exact, virtual) vs the default (PV_FENCE), kernels alone"
     PROBE_DROP=1 PROBE_ROUNDS=5 timeout -k 10 290 python bench/probes/vt_peel_kernel.py PSA_CUTE_PV_PIN \
@@ -714,6 +713,14 @@ A20)  # session 20's first call (carry .carry/cs1; ~8 min; its tests: A20T): ses
     PROBE_BASE=PSA_CUTE_PV_PIN=1 PROBE_ROUNDS=5 timeout -k 10 160 python bench/probes/vt_peel_kernel.py \
         PSA_CUTE_PV_FENCE_VT PSA_CUTE_S_AHEAD PSA_CUTE_S_AHEAD_VT > "$OUT/pin_stack.txt" 2>&1
     log "pin_stack rc=$? $(grep -v RESULT "$OUT/pin_stack.txt" | python bench/probes/ab_brief.py 2>&1 | cut -c1-2000)"
+    # PSA_CUTE_PAIR_DROP (session 20): drop through the pair build (n_vt = 0, the "novt" kernel), here with S_AHEAD
+    # under both arms, so the drop columns compare the one-block kernel with the pair build + S_AHEAD. Rule: on only
+    # if S_AHEAD goes on and those drop medians are faster at 480p and 720p in >= 4 of 5 rounds each (its output is
+    # the one-block kernel's up to the reciprocal epilogue's rounding; tests/test_cute_pair_gpu.py in A20T)
+    log "pair drop with S_AHEAD vs the one-block drop"
+    PROBE_DROP=1 PROBE_BASE=PSA_CUTE_S_AHEAD=1 PROBE_ROUNDS=5 timeout -k 10 110 python bench/probes/vt_peel_kernel.py \
+        PSA_CUTE_PAIR_DROP > "$OUT/pair_drop.txt" 2>&1
+    log "pair_drop rc=$? $(grep -v RESULT "$OUT/pair_drop.txt" | python bench/probes/ab_brief.py 2>&1 | cut -c1-1500)"
     log "pair split, all pinned"
     PSA_CUTE_PV_PIN=1 PSA_CUTE_PV_FENCE_VT=1 PSA_CUTE_S_AHEAD=1 PSA_CUTE_S_AHEAD_VT=1 PROBE_ROUNDS=2 timeout -k 10 80 \
         python bench/probes/pair_split.py > "$OUT/pair_split_pin.txt" 2>&1
@@ -723,8 +730,8 @@ A20T)  # session 20's second call, right after A20 while the machine is warm (ca
     # forward GPU test with all four switches on (A19's took 195 s; the S_AHEAD_VT tests add a few builds); split
     # from A20 since session 20 added S_AHEAD_VT's arms (A19: two arms with drop 109 s, two on the fence 74 s)
     python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
-    PSA_CUTE_PV_PIN=1 PSA_CUTE_PV_FENCE_VT=1 PSA_CUTE_S_AHEAD=1 PSA_CUTE_S_AHEAD_VT=1 run_tests fwd_pin_on \
-        $((585 - SECONDS)) \
+    PSA_CUTE_PV_PIN=1 PSA_CUTE_PV_FENCE_VT=1 PSA_CUTE_S_AHEAD=1 PSA_CUTE_S_AHEAD_VT=1 PSA_CUTE_PAIR_DROP=1 \
+        run_tests fwd_pin_on $((585 - SECONDS)) \
         tests/test_cute_pair_gpu.py tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
     ;;
 B19)  # session 19, after A19 (carry .carry/cs1; right after A19 so the machine is warm): the shipped defaults (A19's

@@ -382,13 +382,14 @@ def _run_switch(q, k, v, cfg, routing, monkeypatch, pair, env, val):
 # PSA_CUTE_PV_FENCE / PSA_CUTE_PV_FENCE_VT (tile_ops._pv_wait: a CTA fence keeps ptxas from hoisting the P V wait
 # above the softmax; PV_FENCE shipped since session 19), PSA_CUTE_PV_PIN (those fences under a row-sum test that
 # never holds, session 19; with PV_FENCE, as it only changes fenced waits) and PSA_CUTE_S_AHEAD (pair_sched.
-# _ahead_exact: S of tile u issued before the softmax of u - 1, its waits always pinned): scheduling only, the same
+# _ahead_exact: S of tile u issued before the softmax of u - 1, its waits always pinned; PSA_CUTE_S_AHEAD_VT the same
+# for the virtual tiles, session 20, left out where S_AHEAD is on): scheduling only, the same
 # operations per tile, so the outputs equal the build without any of them. Lists of 0, 1, 2 and many exact tiles
 # (crafted, one block, two blocks, band 0 + sinks), an odd last block, no virtual tiles, the one-block kernel and
 # drop (PV_FENCE, PV_PIN), and the node's Morton call
-_SCHED = ["PSA_CUTE_PV_FENCE", "PSA_CUTE_PV_FENCE_VT", "PSA_CUTE_S_AHEAD", "PSA_CUTE_PV_PIN"]
+_SCHED = ["PSA_CUTE_PV_FENCE", "PSA_CUTE_PV_FENCE_VT", "PSA_CUTE_S_AHEAD", "PSA_CUTE_PV_PIN", "PSA_CUTE_S_AHEAD_VT"]
 _ARMS = [("PSA_CUTE_PV_FENCE",), ("PSA_CUTE_PV_FENCE", "PSA_CUTE_PV_PIN"), ("PSA_CUTE_PV_FENCE_VT",),
-         ("PSA_CUTE_S_AHEAD",)]
+         ("PSA_CUTE_S_AHEAD",), ("PSA_CUTE_S_AHEAD_VT",)]
 
 
 def _sched_equal(q, k, v, cfg, routing, monkeypatch, pair=True, ref=None):
@@ -439,40 +440,67 @@ def test_sched_switches_on_the_morton_path_as_the_node_calls_it(monkeypatch):
 
 
 # PSA_CUTE_S_AHEAD_VT (pair_sched._ahead_virtual, session 20): the virtual loop with S of tile t issued before the
-# softmax of t - 1, tiles 1 .. n_vt - 2 as whole blocks (the peeled loop's arithmetic) and four shared stages:
-# bitwise the peeled loop's output. Virtual tiles: 1 (936: not entered), 2 (5000: no loop step), 3 (9000: one step,
-# the last block 40 tokens), 5 (20000: three steps); crafted unequal lists; band 0 + sinks; no virtual tiles; with
-# S_AHEAD and the pins stacked on it; and against the float64 reference
+# softmax of t - 1 and four shared stages: scheduling only (also in _SCHED above), bitwise the plain loop's output.
+# Virtual tiles: 1 (936: not entered), 2 (5000: no loop step), 3 (9000: one step, the last block 40 tokens), 5
+# (20000: three steps); band 0 + sinks; dense lists; no virtual tiles; with the pins on it; and against float64
 @pytest.mark.parametrize("variant, shape, density, band, sinks", [
     ("pwt", (1, 2, 936, 128), 0.125, 1, 0), ("pwt", (1, 2, 5000, 128), 0.125, 1, 0),
     ("pwt", (1, 2, 9000, 128), 0.125, 1, 0), ("pwt", (1, 2, 20000, 128), 0.125, 1, 0),
     ("pisa", (2, 2, 9000, 128), 0.2, 0, 1), ("pwt", (1, 2, 9000, 128), 0.5, 1, 0),
     ("pwt", (1, 2, 936, 128), 1.0, 1, 0)],
     ids=["one_tile", "two_tiles", "three_tiles", "five_tiles", "pisa_band0_sinks", "dense_lists", "no_virtual"])
-def test_s_ahead_vt_equals_the_peeled_loop(variant, shape, density, band, sinks, monkeypatch):
+def test_s_ahead_vt_equals_the_plain_loop(variant, shape, density, band, sinks, monkeypatch):
     q, k, v = (rnd(shape, seed=212 + s) for s in range(3))
     cfg = cfg_of(128, density, variant, band=band, sinks=sinks)
     r, ref = float64_reference(q, k, v, cfg)
-    _ahead_vt_equal(q, k, v, cfg, r, monkeypatch, ref)
+    for env in _SCHED + ["PSA_CUTE_VT_PEEL"]:
+        monkeypatch.setenv(env, "0")
+    base = _run(q, k, v, cfg, r, monkeypatch, True)
+    monkeypatch.setenv("PSA_CUTE_S_AHEAD_VT", "1")
+    out = _run(q, k, v, cfg, r, monkeypatch, True)
+    assert torch.isfinite(out).all()
+    assert torch.equal(out, base), f"S_AHEAD_VT vs the plain virtual loop: rel L2 {rel(out, base):.2e}"
+    for env in ("PSA_CUTE_PV_FENCE", "PSA_CUTE_PV_PIN", "PSA_CUTE_PV_FENCE_VT"):  # stacked
+        monkeypatch.setenv(env, "1")
+    assert torch.equal(_run(q, k, v, cfg, r, monkeypatch, True), base)
+    assert rel(out, ref) <= REF_TOL, f"S_AHEAD_VT vs float64 reference: rel L2 {rel(out, ref):.2e}"
 
 
-@pytest.mark.parametrize("case", ["disjoint", "long_gap", "one_list_empty", "shifted"])
-def test_s_ahead_vt_crafted_lists(case, monkeypatch):
-    _ahead_vt_equal(*_crafted_case(case, 216), monkeypatch)
-
-
-def _ahead_vt_equal(q, k, v, cfg, routing, monkeypatch, ref=None):
+# PSA_CUTE_PAIR_DROP (session 20): drop through the pair build with no virtual tiles (the "novt" kernel the probes
+# time), so that its schedules (S_AHEAD) reach the exact part. With the epilogue dividing (RECIP_STORE=0) it performs
+# the one-block kernel's operations: its output within SAME_TOL of that kernel's, and S_AHEAD on top of it bitwise the
+# same (scheduling only). Odd last block, band 0 + sinks, one block, many CTAs, density 1 (every block exact), crafted
+# unequal lists
+def _pair_drop_check(q, k, v, cfg, routing, monkeypatch, ref=None):
     for env in _SCHED:
         monkeypatch.setenv(env, "0")
-    monkeypatch.setenv("PSA_CUTE_S_AHEAD_VT", "0")
-    monkeypatch.setenv("PSA_CUTE_VT_PEEL", "1")
-    peel = _run(q, k, v, cfg, routing, monkeypatch, True)
-    monkeypatch.setenv("PSA_CUTE_S_AHEAD_VT", "1")  # replaces the peeled loop (fwd.py)
-    out = _run(q, k, v, cfg, routing, monkeypatch, True)
-    assert torch.isfinite(out).all()
-    assert torch.equal(out, peel), f"S_AHEAD_VT vs the peeled loop: rel L2 {rel(out, peel):.2e}"
-    for env in ("PSA_CUTE_S_AHEAD", "PSA_CUTE_PV_PIN", "PSA_CUTE_PV_FENCE_VT"):  # stacked
-        monkeypatch.setenv(env, "1")
-    assert torch.equal(_run(q, k, v, cfg, routing, monkeypatch, True), peel)
+    monkeypatch.setenv("PSA_CUTE_RECIP_STORE", "0")
+    monkeypatch.setenv("PSA_CUTE_PAIR_DROP", "0")
+    one = _run(q, k, v, cfg, routing, monkeypatch, False)
+    monkeypatch.setenv("PSA_CUTE_PAIR_DROP", "1")
+    two = _run(q, k, v, cfg, routing, monkeypatch, True)
+    from kernels.cute import fwd as CF
+    assert any(key[8] and not key[0] for key in CF._compiled), list(CF._compiled)  # the pair build ran drop
+    assert torch.isfinite(two).all()
+    assert rel(two, one) <= SAME_TOL, f"pair drop vs one-block drop: rel L2 {rel(two, one):.2e}"
+    monkeypatch.setenv("PSA_CUTE_S_AHEAD", "1")
+    assert torch.equal(_run(q, k, v, cfg, routing, monkeypatch, True), two)
     if ref is not None:
-        assert rel(out, ref) <= REF_TOL, f"S_AHEAD_VT vs float64 reference: rel L2 {rel(out, ref):.2e}"
+        assert rel(two, ref) <= REF_TOL, f"pair drop vs float64 reference: rel L2 {rel(two, ref):.2e}"
+
+
+@pytest.mark.parametrize("shape, density, band, sinks", [
+    ((1, 2, 936, 128), 0.125, 1, 0), ((2, 2, 4033, 128), 0.2, 0, 1), ((1, 1, 64, 128), 0.125, 1, 0),
+    ((1, 8, 9000, 128), 0.125, 1, 0), ((1, 2, 936, 128), 1.0, 1, 0)],
+    ids=["odd", "band0_sinks", "one_block", "T9000", "dense"])
+def test_pair_drop_matches_the_one_block_drop(shape, density, band, sinks, monkeypatch):
+    q, k, v = (rnd(shape, seed=220 + s) for s in range(3))
+    cfg = cfg_of(128, density, "drop", band=band, sinks=sinks)
+    r, ref = float64_reference(q, k, v, cfg)
+    _pair_drop_check(q, k, v, cfg, r, monkeypatch, ref)
+
+
+@pytest.mark.parametrize("case", ["disjoint", "long_gap", "shifted"])  # (an empty list has no drop output)
+def test_pair_drop_crafted_lists(case, monkeypatch):
+    q, k, v, cfg, routing = _crafted_case(case, 224)
+    _pair_drop_check(q, k, v, cfg_of(128, 0.125, "drop"), routing, monkeypatch)

@@ -76,7 +76,7 @@ D_SUPPORTED = 128
 from .switches import (  # noqa: E402  the switches and their measured history
     Q_RS, BIAS_L2, BIAS_PF, OUT_PERM, Q_PERM, PAIR_MIN_BLOCKS, RECIP_STORE, PAIR_SHARE, PAIR_SHARE_MAX_SEL,
     PAIR_Q_PERM, PAIR_VT_STAGES, VT_PEEL, PINGPONG, TREE_MAX, TREE_SUM, S_AHEAD, PV_FENCE, PV_FENCE_VT, PV_PIN,
-    S_AHEAD_VT,
+    S_AHEAD_VT, PAIR_DROP,
 )
 
 
@@ -521,7 +521,8 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
     # the query rows read through it
     if pair is None:
         pair = _env_flag("PSA_CUTE_PAIR", n >= PAIR_MIN_BLOCKS)
-    pair = approx and q_rs and not (bias_l2 or bias_pf) and (q_perm or not out_perm) and bool(pair)
+    pair_ok = approx or _env_flag("PSA_CUTE_PAIR_DROP", PAIR_DROP)  # drop: the pair build with no virtual tiles
+    pair = pair_ok and q_rs and not (bias_l2 or bias_pf) and (q_perm or not out_perm) and bool(pair)
     vt_stages = int(os.environ.get("PSA_CUTE_VT_STAGES", PAIR_VT_STAGES)) if pair else 0
     if probe.startswith("novt"):  # timing probe: the approx build with no virtual tiles (the exact loop alone),
         # "novt+PROBE" with another pair-build probe on top (fwd_pair.py)
@@ -543,7 +544,8 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
     tree_max = _env_flag("PSA_CUTE_TREE_MAX", TREE_MAX)
     tree_sum = _env_flag("PSA_CUTE_TREE_SUM", TREE_SUM)
     s_ahead = pair and not share and not pingpong and stages >= 3 and _env_flag("PSA_CUTE_S_AHEAD", S_AHEAD)
-    s_ahead_vt = pair and not share and not pingpong and _env_flag("PSA_CUTE_S_AHEAD_VT", S_AHEAD_VT)
+    # (not with S_AHEAD: the two loops' registers spill together, tests/test_cute_compile.py)
+    s_ahead_vt = pair and not share and not pingpong and not s_ahead and _env_flag("PSA_CUTE_S_AHEAD_VT", S_AHEAD_VT)
     vt_stages = max(vt_stages, 4) if s_ahead_vt else vt_stages  # it holds three shared stages at once
     vt_peel = vt_peel and not s_ahead_vt
     pv_fence = _env_flag("PSA_CUTE_PV_FENCE", PV_FENCE)
@@ -580,8 +582,8 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
                 _compile_seconds[str(key)] = dt
                 _compiled[key] = fn
                 log.info("piecewise_sparse_attention: cute kernel compiled for %s in %.1f s (once per process)",
-                         (("pisa/pwt, two query blocks per CTA" + (", shared exact tiles" if share else "")) if pair
-                          else "pisa/pwt") if approx else "drop", dt)
+                         ("pisa/pwt" if approx else "drop") + (", two query blocks per CTA" if pair else "")
+                         + (", shared exact tiles" if share else ""), dt)
     _executor(fn, key, q.device)(*args, *scal, stream)
     return out
 

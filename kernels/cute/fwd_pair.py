@@ -77,7 +77,8 @@ def _pipe_view(pipe, off):
 
 
 class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
-    """pisa / pwt only; compile-time configuration: exact stages per consumer, shared virtual stages."""
+    """pisa / pwt (and drop with no virtual tiles, fwd.PAIR_DROP); compile-time configuration: exact stages per
+    consumer, shared virtual stages."""
 
     def __init__(self, kv_stages: int = KV_STAGES, vt_stages: int = VT_STAGES, head_dim: int = 128, probe: str = "",
                  recip_store: bool = False, share: bool = False, q_perm: bool = False, vt_peel: bool = False,
@@ -111,8 +112,9 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
         # pipelines without ping-pong, three stages held at once
         self.s_ahead = s_ahead and not share and not self.pingpong
         assert not self.s_ahead or kv_stages >= 3, "s_ahead holds three exact stages"
-        # the same for the virtual loop (pair_sched._ahead_virtual; fwd.S_AHEAD_VT), in place of the peeled loop
-        self.s_ahead_vt = s_ahead_vt and not share and not self.pingpong
+        # the same for the virtual loop (pair_sched._ahead_virtual; fwd.S_AHEAD_VT), in place of the peeled loop; not
+        # with s_ahead (232 bytes of spills with both, sm_90a)
+        self.s_ahead_vt = s_ahead_vt and not share and not self.pingpong and not self.s_ahead
         self.vt_peel = self.vt_peel and not self.s_ahead_vt
         assert not self.s_ahead_vt or vt_stages >= 4, "s_ahead_vt holds three shared stages"
         self.threads = 384

@@ -16,7 +16,7 @@
   larger share: at 720p the pair kernel's virtual tiles cost 5.4 ms of 35.0 (19 tiles per query block against 148
   exact ones), of which the tiles' stream is 0.8 (pair_split.py, session 18). It holds three shared stages at once
   (value means of t - 2 and t - 1, k-bar of t), so the build takes four (225 KiB of shared memory); its producer
-  sends each k-bar tile one tile ahead of the value means.
+  sends each k-bar tile one tile ahead of the value means. Not together with s_ahead (their registers spill).
 """
 import cutlass
 import cutlass.cute as cute
@@ -151,10 +151,10 @@ class PairSchedule:
         0, then k-bar t and the value means of t - 1, then the last value means), so a step waits for its k-bar tile
         at its start and for the value means only before their P V, a whole step after the slot of the means two
         tiles back is freed; three stages held at once (means of t - 2, k-bar of t, means of t - 1), four in the
-        build. Tiles 1 .. n_vt - 2 hold whole blocks, none the last: the peeled loop's arithmetic (_bias_full, no
-        counts), which also leaves ptxas the registers to keep the softmax off the S accumulator (the first build,
-        with the plain loop's counts, issued every HGMMA of S after the softmax: sm_90a SASS). The same operations
-        per tile as the peeled loop (bitwise its output). Returns the advanced consumer (vp_cons = ..., as _pass)."""
+        build. Tiles 1 .. n_vt - 2 hold whole blocks, none the last: their counts are the constant BS (_bias_whole,
+        `whole`), which frees the count registers, and an issue barrier keeps S of t above the softmax (sm_90a SASS:
+        without both, ptxas issued every HGMMA of S after the softmax's exponentials). The same operations per tile
+        as the plain loop: bitwise its output. Returns the advanced consumer (vp_cons = ..., as _pass)."""
         vmask = self.probe != "asexact"
         kh = vp_cons.wait_and_advance()  # k-bar of tile 1
         vh = vp_cons.wait_and_advance()  # value means of tile 0
@@ -165,12 +165,13 @@ class PairSchedule:
         vprev = vh
         for t in cutlass.range(2, n_vt, unroll=1):
             kh = vp_cons.wait_and_advance()  # k-bar of t
-            self._bias_full(bias, bias_h)  # tile t - 1
+            self._bias_whole(bias, bias_h)  # tile t - 1: whole blocks, none the last
             self._bias_fetch(bias_h, vrow, tScS, t, n_kv)
             sbuf.store(acc_s.load())
             self._issue_ss(qk_mma, acc_s, sQi, tSrKp[(None, None, None, kh.index)])
+            self._issue_barrier(row_sum)  # (S of t stays issued above the softmax of t - 1)
             self._softmax_tile(sbuf, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, vmask,
-                               False, rem, False, True)
+                               False, rem, False, whole=True)
             self._pv_wait(True, row_sum, True)  # P V of t - 2 and S of t, after the whole softmax
             vprev.release()
             kh.release()

@@ -118,8 +118,19 @@ PV_PIN = False
 # (pair_split.py, session 18), B19's virtual part 0.98 / 6.9 ms against cuDNN's 0.70 / 3.58 for q against the block
 # means alone. It holds three shared stages at once, so it takes four (PSA_CUTE_VT_STAGES below 4 is raised; 225 KiB
 # of shared memory), its producer sends each k-bar tile one tile ahead of the value means, and it replaces the peeled
-# loop (VT_PEEL), whose whole-block arithmetic it uses (bitwise the peel's output; with the plain loop's counts ptxas
-# issued the S GEMM after the softmax). Built on the CPU in session 20: the DSL's sm_90a SASS has the S GEMM's first
-# instruction above the softmax of tile t - 1 and all 34 exponentials above the wait for S of t and P V of t - 2
-# (tests/test_cute_compile.py); off until timed (A20). PSA_CUTE_S_AHEAD_VT=1/0 overrides
+# loop (VT_PEEL). Its whole-block tiles take the constant count BS (tile_ops._bias_whole) and an issue barrier after
+# the S GEMM: sm_90a SASS of the first builds had ptxas issue every HGMMA of S after the softmax (with the count
+# registers, in every build; without the barrier, in one of two). Scheduling only: bitwise the plain loop's output.
+# Not with S_AHEAD (both loops in one build spilled 232 bytes). Built on the CPU in session 20: the DSL's SASS has the
+# eight HGMMA of S of t, then the softmax of t - 1, then the pinned wait (tests/test_cute_compile.py); off until
+# timed (A20). PSA_CUTE_S_AHEAD_VT=1/0 overrides
 S_AHEAD_VT = False
+# drop (the exact tiles alone, the issue's "exact part") through the pair build with no virtual tiles (n_vt = 0: no
+# k-bar / value-mean / H-bar loads, no first-order term) instead of the one-block kernel: the kernel pair_split.py and
+# vt_peel_kernel.py time as "novt". Alone it is the same loop (A19: novt 5.946 vs one-block drop 5.943 ms at 480p,
+# both without the fence; the split with it 5.657 vs A19's drop 5.714); what it brings is the pair build's schedules,
+# S_AHEAD above all, which the one-block kernel cannot take (its 128-register bound has no room for the second S
+# accumulator). Its epilogue multiplies by the reciprocal row sum (RECIP_STORE), so its output differs from the one-
+# block kernel's by that rounding. Built on the CPU in session 20, off until timed (A20, on S_AHEAD).
+# PSA_CUTE_PAIR_DROP=1/0 overrides
+PAIR_DROP = False

@@ -57,6 +57,15 @@ class TileOps:
             cute.arch.fence_acq_rel_cta()
         warpgroup.wait_group(0)
 
+    @cute.jit
+    def _issue_barrier(self, pin):
+        """After a GEMM's issue: a CTA fence under the row-sum test of _pv_wait's pin (never taken in practice), as a
+        block boundary ptxas does not move the issue below. pair_sched._ahead_virtual issues S of tile t, then runs
+        the softmax of t - 1: without it ptxas sank every HGMMA of S below that softmax's exponentials in one build
+        (sm_90a SASS; the same loop in another build kept them above)."""
+        if pin[0] + pin[1] == _PIN:
+            cute.arch.fence_acq_rel_cta()
+
     def _probe_skips(self, what: str) -> bool:
         """Timing probes of the pair build (fwd_pair.py; wrong outputs): "nogemm" issues no tile GEMM, "nosoftmax"
         runs no online softmax, "stream" neither (the consumers only wait for and release their tiles)."""
@@ -110,6 +119,14 @@ class TileOps:
         block's mass with no per-column count (-inf, an exact block, stays -inf)."""
         for c in cutlass.range_constexpr(cute.size(bias)):
             bias[c] = bias_h[c].to(cutlass.Float32) * LOG2E + LOG2_BS
+
+    @cute.jit
+    def _bias_whole(self, bias, bias_h):
+        """The bias of a virtual tile of whole blocks, none of them the last one, as _bias_slots makes it (log2 units,
+        no bounds: every column a real block); its counts are BS, a constant (_online_softmax's `whole`), so the
+        arithmetic is the plain loop's, bitwise (pair_sched._ahead_virtual)."""
+        for c in cutlass.range_constexpr(cute.size(bias)):
+            bias[c] = bias_h[c].to(cutlass.Float32) * LOG2E
 
     @cute.jit
     def _load_q_rows(self, sQi, mQ, mPerm, qk_thr, i_q, T, hb):
@@ -200,10 +217,12 @@ class TileOps:
 
     @cute.jit
     def _softmax_tile(self, acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, is_virtual,
-                      is_tail, rem, rescale_o: cutlass.Constexpr, full: cutlass.Constexpr = False):
+                      is_tail, rem, rescale_o: cutlass.Constexpr, full: cutlass.Constexpr = False,
+                      whole: cutlass.Constexpr = False):
         """The online softmax of one tile: an exact tile (partial last block masked) or, for pisa/pwt, a
         virtual one (logits scaled into log2 units, the per-column bias added, P weighted by the token
-        counts; `full`: a tile of whole blocks whose bias carries log2(BS), see _bias_full)."""
+        counts; `full`: a tile of whole blocks whose bias carries log2(BS), see _bias_full; `whole`: one whose
+        counts are all BS, see _bias_whole)."""
         if cutlass.const_expr(self._probe_skips("softmax")):
             for r in cutlass.range_constexpr(2):
                 alpha[r] = 1.0
@@ -212,7 +231,7 @@ class TileOps:
                 for e in cutlass.range_constexpr(cute.size(acc_s)):
                     acc_s[e] = acc_s[e] * scale_log2 + bias[self._col_slot_e(e)]
                 self._online_softmax(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, True, cnt, alpha, rescale_o,
-                                     full)
+                                     full, whole)
             else:
                 self._mask_tail(acc_s, tScS, is_tail, rem)
                 self._online_softmax(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, False, None, alpha,
@@ -248,13 +267,15 @@ class TileOps:
 
     @cute.jit
     def _online_softmax(self, acc_s, acc_o, row_max, row_sum, row_g, scale_log2, virtual: cutlass.Constexpr,
-                        cnt, alpha, rescale_o: cutlass.Constexpr, full: cutlass.Constexpr = False):
+                        cnt, alpha, rescale_o: cutlass.Constexpr, full: cutlass.Constexpr = False,
+                        whole: cutlass.Constexpr = False):
         """acc_s holds raw scores (exact tile) or log2-unit logits (virtual tile); on return it holds P (times
         the token counts for virtual tiles: cnt, per column slot) and `alpha` the per-row rescale of the old
         mass. Rescales the running sums now, and the output accumulator now or (rescale_o=False: a P V product
         still in flight on the tensor cores) later through `_rescale_o`. `full` (a virtual tile of whole blocks,
         log2(BS) in its logits): P = BS e(s-hat) is the mass already, and the first-order weight sum_U e(s-hat)
-        is the row's sum / BS, exactly (no counts, no second sum)."""
+        is the row's sum / BS, exactly (no counts, no second sum). `whole`: every count BS, a constant instead of
+        the cnt registers (the same products: bitwise the plain arithmetic)."""
         n_rows = 2
         new_max = cute.make_rmem_tensor(cute.make_layout(n_rows), cutlass.Float32)
         for r in cutlass.range_constexpr(n_rows):
@@ -309,7 +330,7 @@ class TileOps:
             else:
                 p = cute.math.exp2(acc_s[e] - new_max[r], fastmath=True)
                 gsum[r] = gsum[r] + p
-                pn = p * cnt[self._col_slot_e(e)]
+                pn = p * (cutlass.Float32(BS) if cutlass.const_expr(whole) else cnt[self._col_slot_e(e)])
                 if cutlass.const_expr(not self.tree_sum):
                     psum[r] = psum[r] + pn
                 acc_s[e] = pn
