@@ -721,7 +721,7 @@ A20)  # session 20's first call (carry .carry/cs1; ~8 min; its tests: A20T): ses
     PROBE_DROP=1 PROBE_BASE=PSA_CUTE_S_AHEAD=1 PROBE_ROUNDS=5 timeout -k 10 110 python bench/probes/vt_peel_kernel.py \
         PSA_CUTE_PAIR_DROP > "$OUT/pair_drop.txt" 2>&1
     log "pair_drop rc=$? $(grep -v RESULT "$OUT/pair_drop.txt" | python bench/probes/ab_brief.py 2>&1 | cut -c1-1500)"
-    log "pair split, all pinned"
+    log "pair split, all pinned"  # (S_AHEAD_VT is left out where S_AHEAD is on: this split is S_AHEAD's)
     PSA_CUTE_PV_PIN=1 PSA_CUTE_PV_FENCE_VT=1 PSA_CUTE_S_AHEAD=1 PSA_CUTE_S_AHEAD_VT=1 PROBE_ROUNDS=2 timeout -k 10 80 \
         python bench/probes/pair_split.py > "$OUT/pair_split_pin.txt" 2>&1
     log "pair_split_pin rc=$? $(grep -v RESULT "$OUT/pair_split_pin.txt" | cut -c1-1500)"
