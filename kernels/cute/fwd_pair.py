@@ -341,21 +341,8 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                             cute.copy(tma_v, tVg[(None, 0, j, hb)], tVs[(None, c * S + hk.index)],
                                       tma_bar_ptr=hk.barrier)
             if warp == 2:
-                if n_vt > 0 and cutlass.const_expr(self.s_ahead_vt):  # k-bar tiles one ahead of the value means
-                    self._produce_virtual_ahead(vp_pipe, tma_kb, sKp, gKbt, tma_vm, sVp, gVmt, tma_h, gHt, n_vt, hb)
-                if n_vt > 0 and cutlass.const_expr(not self.s_ahead_vt):
-                    vp_prod, _ = vp_pipe.make_participants()
-                    tKbs, tKbg = self._tma_part(tma_kb, sKp, gKbt, BS, self.d)
-                    tVms, tVmg = self._tma_part(tma_vm, sVp, gVmt, self.d, BS)
-                    tHs, tHg = self._tma_part(tma_h, sVp, gHt, self.d, BS)
-                    for t in cutlass.range(n_vt, unroll=1):
-                        h = vp_prod.acquire_and_advance()
-                        cute.copy(tma_kb, tKbg[(None, t, 0, hb)], tKbs[(None, h.index)], tma_bar_ptr=h.barrier)
-                        h = vp_prod.acquire_and_advance()
-                        cute.copy(tma_vm, tVmg[(None, 0, t, hb)], tVms[(None, h.index)], tma_bar_ptr=h.barrier)
-                    for t in cutlass.range_constexpr(self.d // BS):
-                        h = vp_prod.acquire_and_advance()
-                        cute.copy(tma_h, tHg[(None, 0, t, hb)], tHs[(None, h.index)], tma_bar_ptr=h.barrier)
+                if n_vt > 0:
+                    self._produce_virtual(vp_pipe, tma_kb, sKp, gKbt, tma_vm, sVp, gVmt, tma_h, gHt, n_vt, hb)
         else:
             cute.arch.setmaxregister_increase(self.regs_consumer)
             c = wg - 1

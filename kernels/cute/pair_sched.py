@@ -132,14 +132,21 @@ class PairSchedule:
             self._to_p(sbuf, tOrP)
             self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, koff + vh.index)])
             vprev = vh
-        # the last exact tile: its S is done, P V of the one before in flight
-        self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, False,
-                           kk_tail == n_valid - 1, rem, False)
-        self._pv_wait(False, row_sum)
+        self._ahead_last(acc_s, acc_o, tOrP, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, False,
+                         kk_tail == n_valid - 1, rem, vprev)
+        return kv_cons
+
+    @cute.jit
+    def _ahead_last(self, acc_s, acc_o, tOrP, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
+                    virtual: cutlass.Constexpr, is_tail, rem, vprev):
+        """Both S-ahead loops' last tile: its S is done, P V of the one before in flight (reading vprev's tile); its
+        softmax, that wait, and P of the tile into tOrP (the plain loop's exit state)."""
+        self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
+                           self.probe != "asexact" if virtual else False, is_tail, rem, False)
+        self._pv_wait(virtual, row_sum)
         vprev.release()
         self._rescale_o(acc_o, alpha)
         self._to_p(acc_s, tOrP)
-        return kv_cons
 
     @cute.jit
     def _ahead_virtual(self, qk_mma, pv_mma, acc_s, acc_o, tOrP, sQi, tSrKp, tOrVp, row_max, row_sum, row_g,
@@ -180,35 +187,37 @@ class PairSchedule:
             vh = vp_cons.wait_and_advance()  # value means of t - 1
             self._issue_rs(pv_mma, acc_o, tOrP, tOrVp[(None, None, None, vh.index)])
             vprev = vh
-        # the last virtual tile: its S is done, P V of the one before in flight
-        self._bias_use(bias, cnt, bias_h, tScS, n_vt - 1, n_kv, n_last)
-        self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, vmask, False,
-                           rem, False)
-        self._pv_wait(True, row_sum)
-        vprev.release()
-        self._rescale_o(acc_o, alpha)
-        self._to_p(acc_s, tOrP)
+        self._bias_use(bias, cnt, bias_h, tScS, n_vt - 1, n_kv, n_last)  # the last virtual tile's
+        self._ahead_last(acc_s, acc_o, tOrP, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, True,
+                         False, rem, vprev)
         return vp_cons
 
     @cute.jit
-    def _produce_virtual_ahead(self, vp_pipe, tma_kb, sKp, gKbt, tma_vm, sVp, gVmt, tma_h, gHt, n_vt, hb):
-        """s_ahead_vt's warp 2 (n_vt > 0): the k-bar and value-mean tiles of every KV block with each k-bar tile one
-        tile ahead of the value means (k-bar 0; k-bar t, value means t - 1; the last value means), the order
-        _ahead_virtual waits in (its boundary step and a single tile wait as the plain loop does), then the two H-bar
-        tiles. The plain order (k-bar t, value means t) stays inline in fwd_pair.py, so that build is unchanged."""
+    def _produce_virtual(self, vp_pipe, tma_kb, sKp, gKbt, tma_vm, sVp, gVmt, tma_h, gHt, n_vt, hb):
+        """Warp 2 (n_vt > 0): the k-bar and value-mean tiles of every KV block into the shared virtual pipeline, then
+        the two H-bar tiles. In tile order (k-bar t, value means t); with s_ahead_vt each k-bar tile one tile ahead of
+        the value means (k-bar 0; k-bar t, value means t - 1; the last value means), the order _ahead_virtual waits in
+        (its boundary step and a single tile wait as the plain loop does)."""
         vp_prod, _ = vp_pipe.make_participants()
         tKbs, tKbg = self._tma_part(tma_kb, sKp, gKbt, BS, self.d)
         tVms, tVmg = self._tma_part(tma_vm, sVp, gVmt, self.d, BS)
         tHs, tHg = self._tma_part(tma_h, sVp, gHt, self.d, BS)
-        h = vp_prod.acquire_and_advance()
-        cute.copy(tma_kb, tKbg[(None, 0, 0, hb)], tKbs[(None, h.index)], tma_bar_ptr=h.barrier)
-        for t in cutlass.range(1, n_vt, unroll=1):
+        if cutlass.const_expr(self.s_ahead_vt):
             h = vp_prod.acquire_and_advance()
-            cute.copy(tma_kb, tKbg[(None, t, 0, hb)], tKbs[(None, h.index)], tma_bar_ptr=h.barrier)
+            cute.copy(tma_kb, tKbg[(None, 0, 0, hb)], tKbs[(None, h.index)], tma_bar_ptr=h.barrier)
+            for t in cutlass.range(1, n_vt, unroll=1):
+                h = vp_prod.acquire_and_advance()
+                cute.copy(tma_kb, tKbg[(None, t, 0, hb)], tKbs[(None, h.index)], tma_bar_ptr=h.barrier)
+                h = vp_prod.acquire_and_advance()
+                cute.copy(tma_vm, tVmg[(None, 0, t - 1, hb)], tVms[(None, h.index)], tma_bar_ptr=h.barrier)
             h = vp_prod.acquire_and_advance()
-            cute.copy(tma_vm, tVmg[(None, 0, t - 1, hb)], tVms[(None, h.index)], tma_bar_ptr=h.barrier)
-        h = vp_prod.acquire_and_advance()
-        cute.copy(tma_vm, tVmg[(None, 0, n_vt - 1, hb)], tVms[(None, h.index)], tma_bar_ptr=h.barrier)
+            cute.copy(tma_vm, tVmg[(None, 0, n_vt - 1, hb)], tVms[(None, h.index)], tma_bar_ptr=h.barrier)
+        else:
+            for t in cutlass.range(n_vt, unroll=1):
+                h = vp_prod.acquire_and_advance()
+                cute.copy(tma_kb, tKbg[(None, t, 0, hb)], tKbs[(None, h.index)], tma_bar_ptr=h.barrier)
+                h = vp_prod.acquire_and_advance()
+                cute.copy(tma_vm, tVmg[(None, 0, t, hb)], tVms[(None, h.index)], tma_bar_ptr=h.barrier)
         for t in cutlass.range_constexpr(self.d // BS):
             h = vp_prod.acquire_and_advance()
             cute.copy(tma_h, tHg[(None, 0, t, hb)], tHs[(None, h.index)], tma_bar_ptr=h.barrier)
