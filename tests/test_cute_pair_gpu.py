@@ -74,6 +74,7 @@ def test_pair_matches_one_block_kernel_and_reference(variant, shape, monkeypatch
 @pytest.mark.parametrize("stages", [2, 3, 4])
 def test_pair_shared_stage_counts(stages, monkeypatch):
     q, k, v = (rnd((1, 2, 4096, 128), seed=84 + s) for s in range(3))
+    monkeypatch.setenv("PSA_CUTE_S_AHEAD_VT", "0")  # the plain virtual loop: S_AHEAD_VT raises the count to 4
     _check(q, k, v, cfg_of(128, 0.2, "pwt"), monkeypatch, stages)
 
 
@@ -286,6 +287,7 @@ def test_pair_peeled_virtual_loop(variant, T, density, monkeypatch):
     q, k, v = (rnd((1, 2, T, 128), seed=140 + s) for s in range(3))
     cfg = cfg_of(128, density, variant)
     monkeypatch.setenv("PSA_CUTE_RECIP_STORE", "0")
+    monkeypatch.setenv("PSA_CUTE_S_AHEAD_VT", "0")  # (it replaces the peel where on, as by default)
     r, ref = float64_reference(q, k, v, cfg)
     base, peel = _switched(q, k, v, cfg, r, monkeypatch, "PSA_CUTE_VT_PEEL")
     assert torch.isfinite(peel).all()
@@ -303,6 +305,8 @@ def test_pair_peeled_virtual_loop(variant, T, density, monkeypatch):
 # last query block (both consumers on one block), one block in all, band 0 + sinks, no virtual tiles (density 1), the
 # peeled virtual loop and the Morton path's q_perm build
 def _pingpong_equal(q, k, v, cfg, routing, monkeypatch, ref=None):
+    # (S_AHEAD_VT, on by default, is left out of the ping-pong build: compare with the plain consumers' plain loop)
+    monkeypatch.setenv("PSA_CUTE_S_AHEAD_VT", "0")
     base, pp = _switched(q, k, v, cfg, routing, monkeypatch, "PSA_CUTE_PINGPONG")
     assert torch.isfinite(pp).all()
     assert torch.equal(pp, base), f"ping-pong vs plain consumers: rel L2 {rel(pp, base):.2e}"

@@ -122,9 +122,16 @@ PV_PIN = False
 # the S GEMM: sm_90a SASS of the first builds had ptxas issue every HGMMA of S after the softmax (with the count
 # registers, in every build; without the barrier, in one of two). Scheduling only: bitwise the plain loop's output.
 # Not with S_AHEAD (both loops in one build spilled 232 bytes). Built on the CPU in session 20: the DSL's SASS has the
-# eight HGMMA of S of t, then the softmax of t - 1, then the pinned wait (tests/test_cute_compile.py); off until
-# timed (A20). PSA_CUTE_S_AHEAD_VT=1/0 overrides
-S_AHEAD_VT = False
+# eight HGMMA of S of t, then the softmax of t - 1, then the pinned wait (tests/test_cute_compile.py). Timed in
+# session 21 (kernels alone, pwt d 0.125, medians of alternated rounds, ms): A20 480p 6.867 -> 6.823 (3 of 5),
+# 720p 35.031 -> 34.722 (5 of 5); on PV_PIN 6.858 -> 6.695 (5 of 5), 35.328 -> 34.948 (5 of 5). Its output was
+# 1.2e-4 off the plain loop's there: LLVM fused the whole-block bias product into the logit's FMA for 2 of 32 columns
+# (_bias_whole now rounds it on its own, mul.rn). A22, bitwise the plain loop: 480p 6.660 -> 6.537 (5 of 7), 720p
+# 34.480 -> 34.092 (7 of 7); the virtual part 0.82 -> 0.70 and 4.75 -> 4.37 ms (savt_kernel_s21_h200.txt). The rule
+# set before timing (faster in >= 6 of 7 rounds at each size) held at 720p only; at 480p the median was faster in
+# each of the four runs and 18 of 24 rounds in all (one-sided sign test p = 0.01), with the output unchanged: on.
+# PSA_CUTE_S_AHEAD_VT=1/0 overrides
+S_AHEAD_VT = True
 # drop (the exact tiles alone, the issue's "exact part") through the pair build with no virtual tiles (n_vt = 0: no
 # k-bar / value-mean / H-bar loads, no first-order term) instead of the one-block kernel: the kernel pair_split.py and
 # vt_peel_kernel.py time as "novt". Alone it is the same loop (A19: novt 5.946 vs one-block drop 5.943 ms at 480p,

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+from cutlass._mlir_helpers.math import RoundingMode
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 BS = 64  # query rows per CTA = tokens per routing block
 _PIN = 3.0e-38  # the row-sum test of _pv_wait's pinned fence (a thread's partial sums of exponentials hit it ~never)
 LOG2E = 1.4426950408889634
+_RN = RoundingMode.NEAREST_EVEN  # an explicitly rounded operation (PTX .rn): never fused into an FMA
 LOG2_BS = 6.0  # log2(BS): a whole block's token count, folded into a virtual logit (fwd_pair.py vt_peel)
 
 
@@ -124,9 +126,11 @@ class TileOps:
     def _bias_whole(self, bias, bias_h):
         """The bias of a virtual tile of whole blocks, none of them the last one, as _bias_slots makes it (log2 units,
         no bounds: every column a real block); its counts are BS, a constant (_online_softmax's `whole`), so the
-        arithmetic is the plain loop's, bitwise (pair_sched._ahead_virtual)."""
+        arithmetic is the plain loop's, bitwise (pair_sched._ahead_virtual). The product is rounded on its own
+        (mul.rn): there, _bias_slots' select keeps it out of the logit's FMA; here LLVM fused it into
+        bias_h * LOG2E + s * scale for some columns (the other product rounded instead: 1.2e-4 off on the H200, A21)."""
         for c in cutlass.range_constexpr(cute.size(bias)):
-            bias[c] = bias_h[c].to(cutlass.Float32) * LOG2E
+            bias[c] = cute.math.mul(bias_h[c].to(cutlass.Float32), cutlass.Float32(LOG2E), rounding=_RN)
 
     @cute.jit
     def _load_q_rows(self, sQi, mQ, mPerm, qk_thr, i_q, T, hb):
