@@ -30,7 +30,8 @@
 # F18_END=270 and its Triton tests were cut). Session 19: A19 (carry [".carry/cs1"], rules in its header), then B19
 # (pieces on A19's picks, the Triton and backward tests), C15 (break-even table, DiT step), D15 (the node's curve),
 # each carrying [".carry/cs1"]. Session 21: A20, A21 (S_AHEAD_VT again, its tests), A22 (after the bias fix, the
-# pieces), C21 (D15, C15, E), each carrying [".carry/cs1"].
+# pieces), C21 (D15, C15, E), each carrying [".carry/cs1"]. Next: A23 (carry [".carry/cs1"], the exact pipeline's
+# depth under S_AHEAD).
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
 # times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
@@ -758,6 +759,28 @@ C21)  # session 21's last call (carry .carry/cs1; ~6 min): S_AHEAD_VT on (A22) t
     # (D15), the break-even table (C15, installed into nodes/) and the DiT step (E)
     WEB_TIMEOUT=120 bash "$0" D15
     bash "$0" C15
+    ;;
+A23)  # next session's first call (carry .carry/cs1; ~4 min): is S_AHEAD's loss the depth of its exact pipeline? A20's
+    # split had its tile stream alone (no GEMM, no softmax) at 5.107 ms at 480p against the plain loop's 4.758 (720p
+    # 28.24 vs 24.94): each consumer's exact pipeline has four 16 KiB slots, and the S-ahead loop holds three of them at
+    # once (K of u, V of u - 1, u - 2), so the producer keeps one tile in flight. Five slots per consumer fit beside two
+    # virtual stages (230400 bytes, compiled on the CPU: 168 registers, no spills, S_AHEAD's fenced waits below 34
+    # and 35 exponentials with its S GEMM's first instruction above all or all but one of them; with S_AHEAD_VT's
+    # four virtual stages they do not fit, 263168 bytes, so these arms turn it off). (1) the plain loops, (2) S_AHEAD, each at 4 -> 5 exact slots
+    # with two virtual stages under both arms, 5 rounds, pwt and each arm's exact loop alone (novt -> novt1).
+    # Diagnostic, nothing ships from it. Prediction: S_AHEAD's novt ~6.5 -> <= 5.9 ms at 480p (most of its loss
+    # gone), the plain loop's within +-2%; pwt slower in both (two virtual stages leave the virtual loop no lookahead).
+    # If S_AHEAD at five slots beats the plain loop's novt at four in >= 4 of 5 rounds at both sizes, the next build
+    # is a drop-only pair build (no virtual stages: six exact slots fit) with S_AHEAD
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    log "exact slots 4 -> 5, plain loops (two virtual stages, S_AHEAD_VT off)"
+    PROBE_BASE=PSA_CUTE_S_AHEAD_VT=0,PSA_CUTE_VT_STAGES=2 PROBE_NOVT1=1 PROBE_ROUNDS=5 timeout -k 10 200 \
+        python bench/probes/vt_peel_kernel.py PSA_CUTE_STAGES=4/5 > "$OUT/kv5_plain.txt" 2>&1
+    log "kv5_plain rc=$? $(grep -v RESULT "$OUT/kv5_plain.txt" | python bench/probes/ab_brief.py 2>&1 | cut -c1-1500)"
+    log "exact slots 4 -> 5, S_AHEAD (two virtual stages)"
+    PROBE_BASE=PSA_CUTE_S_AHEAD=1,PSA_CUTE_VT_STAGES=2 PROBE_NOVT1=1 PROBE_ROUNDS=5 timeout -k 10 200 \
+        python bench/probes/vt_peel_kernel.py PSA_CUTE_STAGES=4/5 > "$OUT/kv5_s_ahead.txt" 2>&1
+    log "kv5_s_ahead rc=$? $(grep -v RESULT "$OUT/kv5_s_ahead.txt" | python bench/probes/ab_brief.py 2>&1 | cut -c1-1500)"
     ;;
 A20T)  # session 20's second call, right after A20 while the machine is warm (carry .carry/cs1; ~4.5 min): every
     # forward GPU test with all four switches on (A19's took 195 s; the S_AHEAD_VT tests add a few builds); split

@@ -23,5 +23,6 @@ for line in sys.stdin:
         out += [f"drop {d['drop_op0_median_ms']:.3f}->{d['drop_op1_median_ms']:.3f}",
                 f"faster {d['drop_op1_faster_rounds']}", f"drop_maxdiff {d['drop_maxdiff']}"]
     if "novt_median_ms" in d:
-        out.append(f"novt {d['novt_median_ms']:.3f}")
+        out.append(f"novt {d['novt_median_ms']:.3f}" + (f"->{d['novt1_median_ms']:.3f}" if "novt1_median_ms" in d
+                                                         else ""))
     print(" | ".join(out))

@@ -7,7 +7,9 @@ rounds of one build 7.83-7.93 ms, of the other 7.93-8.46). Also the CuTe pwt ker
 (a PSA_CUTE_* switch times the CuTe kernel, any other the Triton one; session 17: PSA_CUTE_PINGPONG), and
 PROBE_T=32760 keeps one size. Session 18: PROBE_DROP=1 also times the one-block drop kernel (the exact part's own
 kernel) per CuTe switch (drop_op0 / drop_op1), and PROBE_BASE="PSA_A=1,PSA_B=0" sets switches under both arms
-(a switch on top of another one). Prints one line `RESULT {...}`.
+(a switch on top of another one). Session 21: a switch may name its two values, `PSA_NAME=a/b` (arm 0 sets a,
+arm 1 sets b; e.g. PSA_CUTE_STAGES=4/5), and PROBE_NOVT1=1 also times the build without virtual tiles under arm 1
+(novt1: each arm's exact loop). Prints one line `RESULT {...}`.
 
     python bench/probes/vt_peel_kernel.py [PSA_NAME ...]
 """
@@ -36,6 +38,16 @@ except Exception as e:  # Triton rows only
     print("cute unavailable:", type(e).__name__, str(e)[:200], flush=True)
     kcf = None
 ENVS = [a for a in sys.argv[1:] if a.startswith("PSA_")] or ["PSA_TRITON_VT_PEEL", "PSA_CUTE_VT_PEEL"]
+NOVT1 = os.environ.get("PROBE_NOVT1", "0") == "1"
+
+
+def arm_values(spec):
+    """(variable, arm 0's value, arm 1's value) of a switch: PSA_X -> 0 / 1, PSA_X=a/b -> a / b."""
+    name, _, vals = spec.partition("=")
+    a, _, b = vals.partition("/")
+    return (name, a, b) if vals else (name, "0", "1")
+
+
 SIZES = [(n, t) for n, t in (("wan14", 32760), ("wan14_720", 75600))
          if str(t) in os.environ.get("PROBE_T", "32760,75600").split(",")]
 res = {"rounds": ROUNDS, "envs": ENVS, "base": os.environ.get("PROBE_BASE", "")}
@@ -54,12 +66,14 @@ for name, T in SIZES:
     for be, env in rows:
         mod = kcf if be == "cute" else ktf
         call = lambda: mod.attention(q, k, v, out, st, idx, vbias, cfg)  # noqa: E731
+        var, val0, val1 = arm_values(env)
+        novt = lambda: kcf.attention(q, k, v, out, st, idx, vbias, cfg, probe="novt")  # noqa: E731
         d = res[f"{name}_{be}_{env}"] = {"T": T}
         outs = {}
         try:
             for r in range(ROUNDS):
                 for op in ("0", "1"):
-                    os.environ[env] = op
+                    os.environ[var] = val1 if op == "1" else val0
                     call()
                     outs[op] = out.clone()
                     d[f"op{op}_r{r}_ms"] = do_bench(call, warmup=25, rep=300 if T < 50000 else 800,
@@ -71,14 +85,18 @@ for name, T in SIZES:
                         d[f"drop_op{op}_r{r}_ms"] = do_bench(drop, warmup=25, rep=300 if T < 50000 else 800,
                                                              return_mode="median")
                 if be == "cute":
-                    os.environ[env] = "0"
-                    d[f"novt_r{r}_ms"] = do_bench(lambda: kcf.attention(q, k, v, out, st, idx, vbias, cfg,
-                                                                        probe="novt"),
-                                                  warmup=25, rep=300 if T < 50000 else 800, return_mode="median")
+                    os.environ[var] = val0
+                    d[f"novt_r{r}_ms"] = do_bench(novt, warmup=25, rep=300 if T < 50000 else 800,
+                                                  return_mode="median")
+                    if NOVT1:
+                        os.environ[var] = val1
+                        d[f"novt1_r{r}_ms"] = do_bench(novt, warmup=25, rep=300 if T < 50000 else 800,
+                                                       return_mode="median")
             d["maxdiff"] = float((outs["0"].float() - outs["1"].float()).abs().max())
             d["rel_l2"] = float((outs["0"].double() - outs["1"].double()).norm() / outs["0"].double().norm())
-            for op in ("0", "1") + (("novt",) if be == "cute" else ()):
-                p = "" if op == "novt" else "op"
+            for op in ("0", "1") + (("novt",) if be == "cute" else ()) + (("novt1",) if be == "cute" and NOVT1
+                                                                          else ()):
+                p = "" if op.startswith("novt") else "op"
                 d[f"{p}{op}_median_ms"] = statistics.median(d[f"{p}{op}_r{r}_ms"] for r in range(ROUNDS))
             d["op1_faster_rounds"] = sum(d[f"op1_r{r}_ms"] < d[f"op0_r{r}_ms"] for r in range(ROUNDS))
             if "drop0" in outs:
@@ -89,10 +107,11 @@ for name, T in SIZES:
                                                   for r in range(ROUNDS))
             if be == "cute":
                 for op in ("0", "1"):
-                    d[f"virtual_op{op}_ms"] = d[f"op{op}_median_ms"] - d["novt_median_ms"]
+                    nv = "novt1" if op == "1" and NOVT1 else "novt"
+                    d[f"virtual_op{op}_ms"] = d[f"op{op}_median_ms"] - d[f"{nv}_median_ms"]
         except Exception as e:
             d["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-        os.environ.pop(env, None)
+        os.environ.pop(var, None)
         print(name, be, env, json.dumps(d), flush=True)
     del q, k, v, st, idx, vbias, out
     torch.cuda.empty_cache()
