@@ -760,7 +760,7 @@ C21)  # session 21's last call (carry .carry/cs1; ~6 min): S_AHEAD_VT on (A22) t
     WEB_TIMEOUT=120 bash "$0" D15
     bash "$0" C15
     ;;
-A23)  # next session's first call (carry .carry/cs1; ~4 min): is S_AHEAD's loss the depth of its exact pipeline? A20's
+A23)  # next session's first call (carry .carry/cs1; ~7 min): is S_AHEAD's loss the depth of its exact pipeline? A20's
     # split had its tile stream alone (no GEMM, no softmax) at 5.107 ms at 480p against the plain loop's 4.758 (720p
     # 28.24 vs 24.94): each consumer's exact pipeline has four 16 KiB slots, and the S-ahead loop holds three of them at
     # once (K of u, V of u - 1, u - 2), so the producer keeps one tile in flight. Five slots per consumer fit beside two
@@ -781,6 +781,9 @@ A23)  # next session's first call (carry .carry/cs1; ~4 min): is S_AHEAD's loss 
     PROBE_BASE=PSA_CUTE_S_AHEAD=1,PSA_CUTE_VT_STAGES=2 PROBE_NOVT1=1 PROBE_ROUNDS=5 timeout -k 10 200 \
         python bench/probes/vt_peel_kernel.py PSA_CUTE_STAGES=4/5 > "$OUT/kv5_s_ahead.txt" 2>&1
     log "kv5_s_ahead rc=$? $(grep -v RESULT "$OUT/kv5_s_ahead.txt" | python bench/probes/ab_brief.py 2>&1 | cut -c1-1500)"
+    # the pair tests on the defaults (S_AHEAD_VT on since session 21; its ping-pong, peel and stage-count tests pin
+    # it off since then, untested on a GPU in that form)
+    run_tests pair_defaults $((580 - SECONDS)) tests/test_cute_pair_gpu.py
     ;;
 A20T)  # session 20's second call, right after A20 while the machine is warm (carry .carry/cs1; ~4.5 min): every
     # forward GPU test with all four switches on (A19's took 195 s; the S_AHEAD_VT tests add a few builds); split
