@@ -48,6 +48,19 @@ set -u
 PHASE=${1:?usage: bash bench/gpu_round.sh PHASE (A-T, see above)}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
+pack_out() {  # on exit of the outer call: the device returns at most 8 files, none more than 2 folders down ($OUT/a/b/
+    # file); past that (C21 lost D15's JSON files), everything but round.log goes into one archive, out.tar.xz
+    local rc=$? n deep
+    n=$(find "$OUT" -type f | wc -l)
+    deep=$(find "$OUT" -mindepth 4 -type f | head -1)
+    if [ "$n" -gt 8 ] || [ -n "$deep" ]; then
+        (cd "$OUT" && find . -type f ! -name round.log ! -name out.tar.xz -print0 | tar --null -T - -cJf out.tar.xz \
+            && find . -type f ! -name round.log ! -name out.tar.xz -delete && find . -mindepth 1 -type d -empty -delete)
+        echo "[gpu_round] $n files under \$OUT: all but round.log packed into out.tar.xz" >> "$OUT/round.log"
+    fi
+    exit $rc
+}
+if [ -z "${GPU_ROUND_NESTED:-}" ]; then export GPU_ROUND_NESTED=1; trap pack_out EXIT; fi
 . bench/install_cute_site.sh
 [ -f "$STASH/bias_env" ] && . "$STASH/bias_env"  # B's pick of the CuTe bias-load build
 [ -f "$STASH/hsum_env" ] && . "$STASH/hsum_env"  # F's pick of the H-sum setting
