@@ -97,6 +97,15 @@ run_tests() {  # name, timeout, pytest args...
     timeout "$t" python -m pytest -q -p no:cacheprovider -n "${PSA_XDIST:-4}" -m gpu "$@" > "$OUT/tests_$name.log" 2>&1
     log "pytest $name rc=$? $(tail -1 "$OUT/tests_$name.log")"
 }
+savt_round() {  # A21 / A22 (session 21): S_AHEAD_VT against the default in the kernels alone (7 rounds), then every
+    # forward GPU test with it on, the tests cut at END seconds into the call
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    log "S_AHEAD_VT vs the default, 7 rounds"
+    PROBE_ROUNDS=7 timeout -k 10 170 python bench/probes/vt_peel_kernel.py PSA_CUTE_S_AHEAD_VT > "$OUT/savt_kernel.txt" 2>&1
+    log "savt rc=$? $(grep -v RESULT "$OUT/savt_kernel.txt" | python bench/probes/ab_brief.py 2>&1 | cut -c1-1500)"
+    PSA_CUTE_S_AHEAD_VT=1 run_tests fwd_savt $(($1 - SECONDS)) \
+        tests/test_cute_pair_gpu.py tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
+}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$OUT/round.log" 2>&1
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$OUT/round.log" 2>&1
 case "$PHASE" in
@@ -745,24 +754,14 @@ A21)  # session 21's second call (carry .carry/cs1; ~5 min): A20 found S_AHEAD_V
     # at 480p (alone 3/5 rounds, -0.6%; on PV_PIN 5/5, -2.4%; 720p 5/5 both, -0.9% / -1.1%), and its output 1.2e-4
     # (rel L2 5e-6) off the default where its tests assert bitwise. (1) S_AHEAD_VT alone vs the default, pwt, 7
     # rounds, 480p and 720p (rule as A20's: on if faster in >= 6 of 7 at each); (2) every forward GPU test with it on
-    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
-    log "S_AHEAD_VT vs the default, 7 rounds"
-    PROBE_ROUNDS=7 timeout -k 10 170 python bench/probes/vt_peel_kernel.py PSA_CUTE_S_AHEAD_VT > "$OUT/savt_kernel.txt" 2>&1
-    log "savt rc=$? $(grep -v RESULT "$OUT/savt_kernel.txt" | python bench/probes/ab_brief.py 2>&1 | cut -c1-1500)"
-    PSA_CUTE_S_AHEAD_VT=1 run_tests fwd_savt $((585 - SECONDS)) \
-        tests/test_cute_pair_gpu.py tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
+    savt_round 585
     ;;
 A22)  # session 21's third call (carry .carry/cs1; ~9.5 min): A21's three failures were S_AHEAD_VT's only: LLVM fused
     # the whole-block bias product into the logit's FMA for 2 of 32 columns (PTX fma.rn.f32 with LOG2E), rounding the
     # other product; _bias_whole now rounds it on its own (mul.rn: 64 FMUL, no such FFMA in the sm_90a SASS). (1) the
     # re-timing, 7 rounds (rule: faster in >= 6 of 7 at 480p and 720p each); (2) every forward GPU test with it on;
     # (3) the pieces with it on (L's shapes: wan14, wan14_720, FLUX.1 as the node calls it, Morton, DiT-like)
-    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
-    log "S_AHEAD_VT (bias mul.rn) vs the default, 7 rounds"
-    PROBE_ROUNDS=7 timeout -k 10 170 python bench/probes/vt_peel_kernel.py PSA_CUTE_S_AHEAD_VT > "$OUT/savt_kernel.txt" 2>&1
-    log "savt rc=$? $(grep -v RESULT "$OUT/savt_kernel.txt" | python bench/probes/ab_brief.py 2>&1 | cut -c1-1500)"
-    PSA_CUTE_S_AHEAD_VT=1 run_tests fwd_savt $((300 - SECONDS)) \
-        tests/test_cute_pair_gpu.py tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
+    savt_round 300
     log "pieces with S_AHEAD_VT"
     PSA_CUTE_S_AHEAD_VT=1 timeout -k 10 $((580 - SECONDS)) python bench/pieces.py --out "$OUT/pieces_l" --morton \
         --flux-node --ditlike --shapes wan14,wan14_720,flux > "$OUT/pieces_l.log" 2>&1

@@ -68,6 +68,7 @@ for name, T in SIZES:
         call = lambda: mod.attention(q, k, v, out, st, idx, vbias, cfg)  # noqa: E731
         var, val0, val1 = arm_values(env)
         novt = lambda: kcf.attention(q, k, v, out, st, idx, vbias, cfg, probe="novt")  # noqa: E731
+        ms = lambda f: do_bench(f, warmup=25, rep=300 if T < 50000 else 800, return_mode="median")  # noqa: E731
         d = res[f"{name}_{be}_{env}"] = {"T": T}
         outs = {}
         try:
@@ -76,27 +77,23 @@ for name, T in SIZES:
                     os.environ[var] = val1 if op == "1" else val0
                     call()
                     outs[op] = out.clone()
-                    d[f"op{op}_r{r}_ms"] = do_bench(call, warmup=25, rep=300 if T < 50000 else 800,
-                                                    return_mode="median")
+                    d[f"op{op}_r{r}_ms"] = ms(call)
                     if be == "cute" and DROP:  # the same exact tiles through the one-block kernel
                         drop = lambda: kcf.attention(q, k, v, out, st, idx, None, cfg_drop)  # noqa: E731
                         drop()
                         outs["drop" + op] = out.clone()
-                        d[f"drop_op{op}_r{r}_ms"] = do_bench(drop, warmup=25, rep=300 if T < 50000 else 800,
-                                                             return_mode="median")
+                        d[f"drop_op{op}_r{r}_ms"] = ms(drop)
                 if be == "cute":
                     os.environ[var] = val0
-                    d[f"novt_r{r}_ms"] = do_bench(novt, warmup=25, rep=300 if T < 50000 else 800,
-                                                  return_mode="median")
+                    d[f"novt_r{r}_ms"] = ms(novt)
                     if NOVT1:
                         os.environ[var] = val1
-                        d[f"novt1_r{r}_ms"] = do_bench(novt, warmup=25, rep=300 if T < 50000 else 800,
-                                                       return_mode="median")
+                        d[f"novt1_r{r}_ms"] = ms(novt)
             d["maxdiff"] = float((outs["0"].float() - outs["1"].float()).abs().max())
             d["rel_l2"] = float((outs["0"].double() - outs["1"].double()).norm() / outs["0"].double().norm())
-            for op in ("0", "1") + (("novt",) if be == "cute" else ()) + (("novt1",) if be == "cute" and NOVT1
-                                                                          else ()):
-                p = "" if op.startswith("novt") else "op"
+            novts = (("novt", "novt1") if NOVT1 else ("novt",)) if be == "cute" else ()
+            for op in ("0", "1") + novts:
+                p = "" if op in novts else "op"
                 d[f"{p}{op}_median_ms"] = statistics.median(d[f"{p}{op}_r{r}_ms"] for r in range(ROUNDS))
             d["op1_faster_rounds"] = sum(d[f"op1_r{r}_ms"] < d[f"op0_r{r}_ms"] for r in range(ROUNDS))
             if "drop0" in outs:

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass._mlir_helpers.math import RoundingMode
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 BS = 64  # query rows per CTA = tokens per routing block
 _PIN = 3.0e-38  # the row-sum test of _pv_wait's pinned fence (a thread's partial sums of exponentials hit it ~never)
 LOG2E = 1.4426950408889634
-_RN = RoundingMode.NEAREST_EVEN  # an explicitly rounded operation (PTX .rn): never fused into an FMA
+_RN = cute.math.RoundingMode.NEAREST_EVEN  # an explicitly rounded operation (PTX .rn): never fused into an FMA
 LOG2_BS = 6.0  # log2(BS): a whole block's token count, folded into a virtual logit (fwd_pair.py vt_peel)
 
 
