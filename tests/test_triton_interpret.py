@@ -208,9 +208,10 @@ def test_select_kernel_keeps_the_best_by_score_then_lowest_id(res):
 
 def test_select_pieces_kernel_equals_bits_and_a_sorted_topk(res):
     r = get(res, "select_pieces_equals_bits_and_a_sorted_topk")
-    assert len(r) == 39, sorted(r)
-    # two pieces (NB > 0) and several rows per program were exercised
+    assert len(r) == 59, sorted(r)
+    # two pieces (NB > 0) and several rows per program were exercised, by both searches
     assert any("_pieces_" in name and "x0x" not in name for name in r), sorted(r)
+    assert sum("_interp_" in name for name in r) == 20, sorted(r)
     assert all(r.values()), {name: ok for name, ok in r.items() if not ok}
 
 

@@ -304,12 +304,13 @@ def _():
     # the one-warp select (kernels/triton/select.py) against the "bits" kernel and against a sort by
     # (order-preserving key descending, id ascending): random rows, ties across the threshold, all-equal rows,
     # +inf forced blocks, +-1e30 clamps, NaN (+NaN ranks above +inf by key; -NaN below every float), n not a
-    # power of two (two pieces), n = 1, k = n; one and two bits per step, one and several rows per program
+    # power of two (two pieces), n = 1, k = n; one and two bits per step and the interpolation search, one and
+    # several rows per program
     from kernels.routing import forced_mask
     from kernels.triton import route as kr
     from kernels.triton import select as ks
     out = {}
-    keep = (kr.SELECT_IMPL, ks.SELECT_BITS, ks.SELECT_SPLIT, ks.SELECT_PIECE_KEYS)
+    keep = (kr.SELECT_IMPL, ks.SELECT_BITS, ks.SELECT_SPLIT, ks.SELECT_PIECE_KEYS, ks.SELECT_INTERP)
 
     def order_key(x):  # the kernels' key as a Python int
         b = int(torch.tensor([x], dtype=torch.float32).view(torch.int32)) & 0xFFFFFFFF
@@ -349,21 +350,23 @@ def _():
                 want.append(sorted(sorted(range(n), key=lambda j: (-keys[i][j], j))[:ki]) + [-1] * (kmax - ki))
             want = torch.tensor(want, dtype=torch.int32)
             exact = torch.zeros(n, n, dtype=torch.bool).scatter_(1, want.clamp(min=0).long(), want >= 0)
-            runs = [("bits", 1, True, 512), ("pieces", 1, True, 512), ("pieces", 2, True, 512),
-                    ("pieces", 1, False, 64)]
-            for impl, bits, split, pkeys in runs:
+            runs = [("bits", 1, True, 512, "bits"), ("pieces", 1, True, 512, "bits"), ("pieces", 2, True, 512, "bits"),
+                    ("pieces", 1, False, 64, "bits"), ("pieces", 1, True, 512, "interp"),
+                    ("pieces", 1, False, 64, "interp")]
+            for impl, bits, split, pkeys, search in runs:
                 if impl == "bits" and fill == "nan":
                     continue  # "bits" counts its padding (key of -inf) above a -NaN
                 kr.SELECT_IMPL, ks.SELECT_BITS, ks.SELECT_SPLIT, ks.SELECT_PIECE_KEYS = impl, bits, split, pkeys
+                ks.SELECT_INTERP = search == "interp"
                 idx = torch.full((1, 1, n, kmax), 7, dtype=torch.int32)
                 vbias = torch.zeros(1, 1, n, n, dtype=torch.float16)
                 kr._select(score, idx, vbias, n, kmax, 1, 0, 1, k, (band, sinks), 1)
                 shape = ks.pieces_shape(n) if impl == "pieces" else kr._select_shape(n)
-                name = f"n{n}_k{k}_{fill}_{impl}_bits{bits}_shape{'x'.join(map(str, shape))}"
+                name = f"n{n}_k{k}_{fill}_{impl}_bits{bits}_{search}_shape{'x'.join(map(str, shape))}"
                 out[name] = bool(torch.equal(idx[0, 0], want)) and bool(torch.equal(vbias[0, 0] == float("-inf"),
                                                                                    exact))
     finally:
-        kr.SELECT_IMPL, ks.SELECT_BITS, ks.SELECT_SPLIT, ks.SELECT_PIECE_KEYS = keep
+        kr.SELECT_IMPL, ks.SELECT_BITS, ks.SELECT_SPLIT, ks.SELECT_PIECE_KEYS, ks.SELECT_INTERP = keep
     return out
 
 

@@ -233,7 +233,7 @@ def _select(score, idx, vbias, n, kmax, HC, h0, hs, k, common, programs):
         na, nb, rows, warps = ks.pieces_shape(n)
         ks._select_pieces_kernel[(triton.cdiv(n, rows), programs)](
             score, idx, vbias, n, kmax, HC, h0, hs, k, *common,
-            NA=na, NB=nb, ROWS=rows, KP2=kp2, BITS=ks.SELECT_BITS, num_warps=warps,
+            NA=na, NB=nb, ROWS=rows, KP2=kp2, BITS=ks.SELECT_BITS, INTERP=ks.search_steps(), num_warps=warps,
             **({"maxnreg": ks.SELECT_MAXNREG} if ks.SELECT_MAXNREG and not _INTERPRET else {}),
         )
     else:

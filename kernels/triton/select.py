@@ -14,11 +14,25 @@ the bias row. How it differs from "bits" (what it computes does not):
   forced count of a row is computed in closed form (band window plus sinks outside it).
 The search stops when every row's #(key >= t) equals its K_i, else after all 32 bits (then t is the K_i-th
 largest key and the tied blocks at t are kept lowest id first).
+
+SELECT_INTERP (PSA_SELECT_INTERP=1/0 overrides; _search_interp): the same threshold found by interpolation instead
+of one bit per step. A bracket [lo, hi) of keys with #(key >= lo) >= K_i > #(key >= hi)
+starts at [row min, 2^32); its first probe is just above the largest key below +inf's (the forced blocks sit at
++inf), every next one where a straight line through the bracket's two counts, in float32 score values, puts
+K_i + 1/4 keys; a probe that is not a finite value (NaN or infinite ends), and every probe after MAX_INTERP of
+them, halves the bracket in key space instead, so the search ends within 1 + MAX_INTERP + 32 steps. It stops when
+#(key >= lo) = K_i (the chosen set is then {key >= lo}, whatever lo is) or hi = lo + 1 (lo is then the K_i-th
+largest key, as above): the output equals the bit search's whichever path was taken. Mean steps per row (a NumPy
+model of both searches on the float32 score rows of two heads of each Wan2.1-14B shape, kernels.routing's statistics;
+bench/results/pieces_h200.md, session 22): 480p 20.6 -> 7.7 (random inputs), 18.9 -> 7.3 (DiT-like); 720p 21.5 ->
+8.0, 19.6 -> 9.2; every chosen set equal. Measured on the H200 it is off (SELECT_INTERP below).
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from ..config import env_switch
 
 
 @triton.jit
@@ -36,6 +50,64 @@ def _piece_keys(SCORE, i_loc, o_i, m_i, N, J0: tl.constexpr, NJ: tl.constexpr):
 def _count_ge(b_key, c):
     """#(key >= c) per row, int32."""
     return tl.sum((b_key >= c[:, None]).to(tl.int32), axis=1)
+
+
+@triton.jit
+def _key_float(key):
+    """The float32 whose order-preserving key is `key` (int64 in [0, 2^32); the inverse of _piece_keys' map)."""
+    bits = tl.where(key >= 2147483648, key - 2147483648, 4294967295 - key)
+    return bits.to(tl.uint32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _float_key(x):
+    """The order-preserving key of float32 x, as int64."""
+    b = x.to(tl.int32, bitcast=True)
+    return (b ^ ((b >> 31) | (-2147483647 - 1))).to(tl.uint32, bitcast=True).to(tl.int64)
+
+
+@triton.jit
+def _search_interp(k_a, k_b, N, k_i, ROWS: tl.constexpr, NA: tl.constexpr, NB: tl.constexpr,
+                   MAX_INTERP: tl.constexpr):
+    """(t, #(key >= t)) per row, the threshold the bit search finds (see the module docstring)."""
+    m_a = (tl.arange(0, NA) < N)[None, :]
+    top = tl.full([ROWS, NA], 4294967295, tl.uint32)
+    mn = tl.min(tl.where(m_a, k_a, top), axis=1)
+    mx = tl.max(tl.where(k_a != 4286578688, k_a, 0), axis=1)  # 4286578688: +inf's key
+    if NB > 0:
+        m_b = ((NA + tl.arange(0, NB)) < N)[None, :]
+        mn = tl.minimum(mn, tl.min(tl.where(m_b, k_b, tl.full([ROWS, NB], 4294967295, tl.uint32)), axis=1))
+        mx = tl.maximum(mx, tl.max(tl.where(k_b != 4286578688, k_b, 0), axis=1))
+    lo = mn.to(tl.int64)
+    n_lo = tl.zeros([ROWS], dtype=tl.int32) + N  # every real key is >= the row minimum (0: by convention)
+    hi = tl.full([ROWS], 4294967296, tl.int64)
+    n_hi = tl.zeros([ROWS], dtype=tl.int32)
+    first = mx.to(tl.int64) + 1
+    it = 0
+    todo = tl.max(((n_lo != k_i) & (hi - lo > 1)).to(tl.int32), axis=0)
+    while (todo > 0) & (it < MAX_INTERP + 40):  # (the bound is never reached: 1 + MAX_INTERP + 32 suffice)
+        lv = _key_float(lo)
+        hv = _key_float(tl.minimum(hi - 1, 4294967295))
+        fr = tl.fdiv((n_lo - k_i).to(tl.float32) - 0.25, tl.maximum(n_lo - n_hi, 1).to(tl.float32),
+                     ieee_rounding=False)  # (an approximate quotient: a probe only needs to be near)
+        tv = lv + (hv - lv) * fr
+        interp = (tv == tv) & (tl.abs(tv) < float("inf")) & (it <= MAX_INTERP)
+        t = tl.where(interp, _float_key(tv), lo + (hi - lo) // 2)
+        t = tl.where(it == 0, first, t)
+        t = tl.minimum(tl.maximum(t, lo + 1), hi - 1)
+        c = t.to(tl.uint32)
+        n1 = _count_ge(k_a, c)
+        if NB > 0:
+            n1 += _count_ge(k_b, c)
+        live = (n_lo != k_i) & (hi - lo > 1)
+        up = n1 >= k_i
+        lo = tl.where(live & up, t, lo)
+        n_lo = tl.where(live & up, n1, n_lo)
+        hi = tl.where(live & ~up, t, hi)
+        n_hi = tl.where(live & ~up, n1, n_hi)
+        it += 1
+        todo = tl.max(((n_lo != k_i) & (hi - lo > 1)).to(tl.int32), axis=0)
+    return lo.to(tl.uint32), n_lo
 
 
 @triton.jit
@@ -73,6 +145,7 @@ def _select_pieces_kernel(
     SCORE, IDX, VBIAS,
     N, NSEL, HC, H0, HSUB, k_budget, band, n_sink,
     NA: tl.constexpr, NB: tl.constexpr, ROWS: tl.constexpr, KP2: tl.constexpr, BITS: tl.constexpr,
+    INTERP: tl.constexpr = 0,
 ):
     i_r, i_loc = tl.program_id(0), tl.program_id(1)
     i_bh = (i_loc // HSUB) * HC + H0 + i_loc % HSUB
@@ -82,6 +155,8 @@ def _select_pieces_kernel(
     k_a = _piece_keys(SCORE, i_loc, o_i, m_i, N, 0, NA)
     if NB > 0:
         k_b = _piece_keys(SCORE, i_loc, o_i, m_i, N, NA, NB)
+    else:
+        k_b = k_a  # (unused)
     # #forced of row i: the band window [i - band, i + band] within [0, N), plus the sinks [0, n_sink) outside it
     w_lo = tl.maximum(o_i - band, 0)
     w_hi = tl.minimum(o_i + band, N - 1)
@@ -93,7 +168,9 @@ def _select_pieces_kernel(
     b_t = tl.zeros([ROWS], dtype=tl.uint32)
     b_n = tl.zeros([ROWS], dtype=tl.int32) + N  # #(key >= 0) over the real columns
     todo = tl.max((b_n != k_i).to(tl.int32), axis=0)
-    if BITS == 1:
+    if INTERP:
+        b_t, b_n = _search_interp(k_a, k_b, N, k_i, ROWS=ROWS, NA=NA, NB=NB, MAX_INTERP=INTERP)
+    elif BITS == 1:
         bit = 31
         while (bit >= 0) & (todo > 0):
             c = b_t | (tl.full([ROWS], 1, dtype=tl.uint32) << bit.to(tl.uint32))
@@ -159,7 +236,22 @@ SELECT_PIECE_WARPS = 1
 # (session 13, Wan2.1-14B 720p routing): 80 / 96 registers (no spills) made it slower, 1.035 / 1.071 vs 1.000 ms
 SELECT_MAXNREG = None
 SELECT_PIECE_KEYS = 512
+# the threshold search by interpolation (_search_interp, at most SELECT_MAX_INTERP interpolation probes before
+# halving) instead of one bit per step (SELECT_BITS); PSA_SELECT_INTERP=1/0 overrides per process. Session 22 on the
+# H200 (bench/probes/select_search.py, select_search_s22_h200.txt; the select = route() minus its scores, medians of
+# 5 alternated rounds): lists and bias rows bitwise equal on every shape; the select 0.068 -> 0.053 ms at 480p,
+# 0.076 -> 0.070 DiT-like, 0.489 -> 0.472 at 720p, 0.475 -> 0.477 DiT-like (route() faster in 0 of 5 rounds), FLUX.1
+# 0.095 -> 0.085 (2 of 5). The rule set before timing (faster in >= 4 of 5 rounds at 480p and 720p, random and
+# DiT-like) failed at 720p DiT-like: off. At 720p the 2.7x fewer steps (146 -> 208 instructions each) saved ~4% of the
+# select, so its time there is not mostly the search (not profiled)
+SELECT_INTERP = False
+SELECT_MAX_INTERP = 16
 SELECT_SPLIT = True
+
+
+def search_steps() -> int:
+    """The select kernel's INTERP constant: 0 (the bit search) or the interpolation probes allowed."""
+    return SELECT_MAX_INTERP if env_switch("PSA_SELECT_INTERP", SELECT_INTERP) else 0
 
 
 def pieces_shape(n: int) -> tuple[int, int, int, int]:
