@@ -30,8 +30,9 @@
 # F18_END=270 and its Triton tests were cut). Session 19: A19 (carry [".carry/cs1"], rules in its header), then B19
 # (pieces on A19's picks, the Triton and backward tests), C15 (break-even table, DiT step), D15 (the node's curve),
 # each carrying [".carry/cs1"]. Session 21: A20, A21 (S_AHEAD_VT again, its tests), A22 (after the bias fix, the
-# pieces), C21 (D15, C15, E), each carrying [".carry/cs1"]. Next: A23 (carry [".carry/cs1"], the exact pipeline's
-# depth under S_AHEAD).
+# pieces), C21 (D15, C15, E), each carrying [".carry/cs1"]. Session 22: A23 (the exact pipeline's
+# depth under S_AHEAD), A24 (the select's interpolation search),
+# A25 (exact slots 4 -> 3, PAIR_Q_PERM as the node calls it).
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
 # times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
@@ -771,6 +772,43 @@ C21)  # session 21's last call (carry .carry/cs1; ~6 min): S_AHEAD_VT on (A22) t
     # (D15), the break-even table (C15, installed into nodes/) and the DiT step (E)
     WEB_TIMEOUT=120 bash "$0" D15
     bash "$0" C15
+    ;;
+A25)  # session 22's third call (carry .carry/cs1; ~4 min): two knobs not timed on today's kernels. (1) exact slots
+    # 4 -> 3 per consumer on the defaults (S_AHEAD_VT's four virtual stages; A23 had the plain loop 1.5% slower at 5
+    # slots than at 4, 2 of 5 rounds), the kernels alone, 5 rounds, pwt and each arm's exact loop (novt -> novt1).
+    # Rule set now: 3 slots become the default if pwt is faster in >= 4 of 5 rounds at both sizes with the output
+    # bitwise equal. (2) PSA_CUTE_PAIR_Q_PERM as the node calls it (Morton; session 10: +3% at 480p, peak 1.79 ->
+    # 1.29x q), 480p and 720p, 3 rounds, with the peak memory: a diagnostic for the Morton target, nothing ships
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    log "exact slots 4 -> 3 (defaults)"
+    PROBE_NOVT1=1 PROBE_ROUNDS=5 timeout -k 10 200 python bench/probes/vt_peel_kernel.py PSA_CUTE_STAGES=4/3 \
+        > "$OUT/kv3.txt" 2>&1
+    log "kv3 rc=$? $(grep -v RESULT "$OUT/kv3.txt" | python bench/probes/ab_brief.py 2>&1 | cut -c1-1500)"
+    log "switch_ab PSA_CUTE_PAIR_Q_PERM"
+    PROBE_BACKENDS=cute PROBE_SHAPES=wan14,wan14_720 timeout -k 10 $((585 - SECONDS)) \
+        python bench/probes/switch_ab.py PSA_CUTE_PAIR_Q_PERM > "$OUT/switch_pair_q_perm.txt" 2>&1
+    log "switch_ab rc=$? $(grep -v RESULT "$OUT/switch_pair_q_perm.txt" | cut -c1-1500)"
+    ;;
+A24)  # session 22's second call (carry .carry/cs1; ~7 min): the routing select's threshold found by interpolation
+    # (kernels/triton/select.py _search_interp, PSA_SELECT_INTERP; built on the CPU in session 22: the interpreter's
+    # select cases pass with it, bitwise the sorted top-k, NaN / ties / equal rows included; sm_90a: 128 registers at
+    # 720p as before, no spills, the search step 146 -> 208 instructions at 1024 + 256 keys, 66 -> 128 at 512) against
+    # the bit search. A float64 model of both searches on score rows of these shapes: 20.6 -> 7.7 steps at 480p, 21.5
+    # -> 8.0 at 720p (DiT-like 18.9 -> 7.3, 19.6 -> 9.2). Prediction: the select 0.49 -> ~0.33 ms at 720p (routing
+    # ~1.00 -> ~0.85), ~0.08 -> ~0.065 at 480p. Rule set now: on if both searches' lists and bias rows are equal on
+    # every shape, the routing is faster at 480p and 720p on random and DiT-like inputs in >= 4 of 5 rounds each,
+    # FLUX.1's not slower than 2% (medians), and the GPU tests below pass with it. (1) the probe (bench/probes/
+    # select_search.py), (2) the Triton, non-finite, graph and API GPU tests with it on, (3) the whole operator as
+    # the node calls it (switch_ab.py, CuTe, 480p / 720p / FLUX.1, 3 rounds)
+    log "select search: bits vs interp"
+    timeout -k 10 240 python bench/probes/select_search.py > "$OUT/select_search.txt" 2>&1
+    log "select_search rc=$? $(grep -v RESULT "$OUT/select_search.txt" | cut -c1-3000)"
+    PSA_SELECT_INTERP=1 run_tests interp $((470 - SECONDS)) tests/test_triton_gpu.py tests/test_nonfinite.py \
+        tests/test_graphs_gpu.py tests/test_api_errors.py
+    log "switch_ab PSA_SELECT_INTERP"
+    PROBE_BACKENDS=cute PROBE_SHAPES=wan14,wan14_720,flux timeout -k 10 $((585 - SECONDS)) \
+        python bench/probes/switch_ab.py PSA_SELECT_INTERP > "$OUT/switch_select_interp.txt" 2>&1
+    log "switch_ab rc=$? $(grep -v RESULT "$OUT/switch_select_interp.txt" | cut -c1-1500)"
     ;;
 A23)  # next session's first call (carry .carry/cs1; ~7 min): is S_AHEAD's loss the depth of its exact pipeline? A20's
     # split had its tile stream alone (no GEMM, no softmax) at 5.107 ms at 480p against the plain loop's 4.758 (720p

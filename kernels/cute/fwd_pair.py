@@ -53,7 +53,7 @@ from .fwd import PAIR_SHARE_MAX_SEL, PAIR_VT_STAGES, PiecewiseSparseFwdSm90
 from .pair_sched import PairSchedule
 from .tile_ops import BS, LOG2E
 
-KV_STAGES = 4  # per consumer (fwd.py's measured best at 2 CTAs per SM)
+KV_STAGES = 4  # per consumer (fwd.py's best at 2 CTAs per SM; session 22 here: 3 6-9% slower, 5 0-1.5%)
 # share: both routed lists are copied into shared memory at the CTA's start (2 x this many int32), so the producer's
 # merge and each consumer's gap walk read them there, off the global-memory latency (fwd.attention: longer lists
 # keep the own-list pipelines)

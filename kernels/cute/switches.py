@@ -44,7 +44,9 @@ PAIR_SHARE_MAX_SEL = 256  # both lists in its shared memory (2 KiB); longer ones
 # the pair build on the Morton path reading the caller's query rows through the permutation and writing the output
 # through it (fwd_pair.py q_perm: no q copy, no scatter, q's copy no longer in the peak). PSA_CUTE_PAIR_Q_PERM=1/0
 # overrides. Session 10 (cute_pair_q_perm4_s10_h200.txt, as the node calls it, 4 rounds, medians): correct (max
-# diff 0), peak 1.79x -> 1.29x q, but 480p 8.23 vs 7.97 ms (+3%; the gathered query loads), 720p 39.14 vs 39.24: off
+# diff 0), peak 1.79x -> 1.29x q, but 480p 8.23 vs 7.97 ms (+3%; the gathered query loads), 720p 39.14 vs 39.24: off.
+# Session 22 on today's kernels (switch_pair_q_perm_s22_h200.txt, 3 rounds, medians): 480p 7.598 -> 7.992 ms (+5%),
+# peak 1.74x -> 1.24x q; 720p 36.87 -> 36.54, 0.92x -> 0.67x q: still off
 PAIR_Q_PERM = False
 PAIR_VT_STAGES = 3  # its shared virtual-tile stages (cute_pair.py, session 7: 3 fastest at 720p, 2-4 equal at 480p)
 # the pair build's virtual loop with every tile but the last as whole blocks: log2(64) in the bias, no per-column
@@ -86,7 +88,11 @@ TREE_SUM = False
 # 34.658 -> 37.132): with the wait above the softmax nothing overlaps. Since session 19 its in-loop wait is pinned
 # to the row sums (tile_ops._pv_wait, force_pin): the DSL's own sm_90a cubin then has all 34 exponentials of the
 # softmax of u - 1 above the wait for S of u and P V of u - 2 (tests/test_cute_compile.py); untimed in that form
-# (A20). Off. PSA_CUTE_S_AHEAD=1/0 overrides
+# (A20). Timed in session 21 (A20): 11-13% slower; its tile stream alone 7-13% slower than the plain loop's. Session
+# 22 (A23, kv5_s22_h200.txt; two virtual stages, S_AHEAD_VT off, medians of 5 rounds): a fifth exact slot per
+# consumer takes its exact loop 6.520 -> 6.312 ms at 480p and 34.268 -> 32.298 at 720p, still above the plain loop's
+# 5.879 / 30.117 at four slots (which five slots do not help: 5.969 / 30.133): depth is a part of its loss, not
+# all of it. Off. PSA_CUTE_S_AHEAD=1/0 overrides
 S_AHEAD = False
 # a CTA-scope fence before the wait for the P V GEMM that a tile's softmax should run under (tile_ops._pv_wait):
 # ptxas otherwise hoists that WARPGROUP.DEPBAR above the softmax (sm_90a SASS of the pair and one-block kernels,
