@@ -140,6 +140,10 @@ builds.append(("pisa/pwt pair recip q_perm pv_fence s_ahead_vt",
                lambda: FP.PairFwdSm90(4, 4, D, "", True, q_perm=True, pv_fence=True, s_ahead_vt=True), vb, 168))
 builds.append(("pisa/pwt pair recip pv_pin s_ahead_vt",
                lambda: FP.PairFwdSm90(4, 4, D, "", True, pv_fence=True, pv_pin=True, s_ahead_vt=True), vb, 168))
+# the shipped pair build writing its output rows through the Morton permutation, q from its block-order copy
+# (fwd.OUT_PERM on the pair kernel, session 22)
+builds.append(("pisa/pwt pair recip out_perm pv_fence s_ahead_vt",
+               lambda: FP.PairFwdSm90(4, 4, D, "", True, pv_fence=True, s_ahead_vt=True, out_perm=True), vb, 168))
 ONLY = os.environ.get("PSA_COMPILE_ONLY")  # (by hand: the builds whose name holds this string)
 for name, make, vbias, reg_bound in builds:
     if ONLY and ONLY not in name:

@@ -278,6 +278,32 @@ def test_pair_reads_the_query_rows_through_the_permutation(share, monkeypatch):
     assert any(key[8] and key[12] for key in CF._compiled), list(CF._compiled)  # the pair build with q_perm ran
 
 
+@pytest.mark.parametrize("share", ["0", "1"])
+def test_pair_writes_the_output_rows_through_the_permutation(share, monkeypatch):
+    # PSA_CUTE_PAIR_OUT_PERM (fwd_pair.py out_perm, session 22): the node's Morton call with q, k and
+    # v from their block-order copies and the output rows written through the permutation straight into the
+    # caller's layout, so no scatter pass runs; the same tiles in the same order as with the scatter, so the same
+    # output
+    from kernels import triton as kt_mod
+    from kernels.cute import fwd as CF
+    q, call = _node_morton_call(113, monkeypatch)
+    monkeypatch.setenv("PSA_CUTE_PAIR_SHARE", share)
+    monkeypatch.setenv("PSA_CUTE_PAIR_Q_PERM", "0")
+    monkeypatch.setenv("PSA_CUTE_PAIR_OUT_PERM", "0")
+    base = call()
+    monkeypatch.setenv("PSA_CUTE_PAIR_OUT_PERM", "1")
+    assert CF.out_perm_enabled(q.shape[2], "pwt") and not CF.out_perm_enabled()
+    scatters = []
+    real_scatter = kt_mod._scatter_into
+    monkeypatch.setattr(kt_mod, "_scatter_into", lambda x, *a: scatters.append(x.shape[1]) or real_scatter(x, *a))
+    out = call()
+    assert scatters == [], scatters
+    assert torch.isfinite(out).all() and out.stride() == base.stride()
+    assert rel(out, base) <= 1e-5, rel(out, base)
+    # the pair build (shared virtual stages) with the output permutation and without q_perm ran
+    assert any(key[7] and key[8] and not key[12] for key in CF._compiled), list(CF._compiled)
+
+
 # PSA_CUTE_VT_PEEL: every virtual tile but the last as whole blocks (log2(64) in the bias, no counts), the last one
 # after the loop as before. T 8256: 129 blocks (the last tile holds one whole block), 9000: 141 (the last block 40
 # tokens), 12288: 192 (three tiles of whole blocks); density 0.5: most columns of a tile exact (-inf in the bias)

@@ -111,7 +111,7 @@ def _():
                 tmp = fwd.attention(qg, kg, vg, torch.empty_like(qg), *a, **kw)
                 o_[:, :, perm.long()] = tmp
                 return o_
-            out_perm_attention.writes_out_perm = lambda: True
+            out_perm_attention.writes_out_perm = lambda T, cfg: True
 
             # ... or one that reads the caller's query rows through it as well (CuTe's Q_PERM): k, v copied only,
             # as for this backend's own attention

@@ -176,10 +176,11 @@ def _attention(q, k, v, out, st, idx, vbias, cfg, perm=None, kv_perm=True):
         raise
 
 
-def _writes_out_perm() -> bool:
+def _writes_out_perm(T: int, cfg: SparseConfig) -> bool:
     """kernels.triton._forward_gathered asks: True when _attention writes the output rows through the Morton
-    permutation itself (kernels/cute/fwd.py OUT_PERM, PSA_CUTE_OUT_PERM), so no scatter pass follows."""
-    return _cute is not None and _cute.out_perm_enabled()
+    permutation itself for this problem (kernels/cute/fwd.py out_perm_enabled: PSA_CUTE_PAIR_OUT_PERM where the
+    pair kernel runs, else PSA_CUTE_OUT_PERM), so no scatter pass follows."""
+    return _cute is not None and _cute.out_perm_enabled(T, cfg.variant)
 
 
 _attention.writes_out_perm = _writes_out_perm

@@ -74,7 +74,8 @@ IMPORT_ERROR = None  # this module only imports when nvidia-cutlass-dsl does (ke
 
 D_SUPPORTED = 128
 from .switches import (  # noqa: E402  the switches and their measured history
-    Q_RS, BIAS_L2, BIAS_PF, OUT_PERM, Q_PERM, PAIR_MIN_BLOCKS, RECIP_STORE, PAIR_SHARE, PAIR_SHARE_MAX_SEL,
+    Q_RS, BIAS_L2, BIAS_PF, OUT_PERM, PAIR_OUT_PERM, Q_PERM, PAIR_MIN_BLOCKS, RECIP_STORE, PAIR_SHARE,
+    PAIR_SHARE_MAX_SEL,
     PAIR_Q_PERM, PAIR_VT_STAGES, VT_PEEL, PINGPONG, TREE_MAX, TREE_SUM, S_AHEAD, PV_FENCE, PV_FENCE_VT, PV_PIN,
     S_AHEAD_VT, PAIR_DROP,
 )
@@ -477,8 +478,12 @@ def q_perm_enabled(T: int | None = None, variant: str = "pwt") -> bool:
     return _env_flag("PSA_CUTE_Q_PERM", Q_PERM)
 
 
-def out_perm_enabled() -> bool:
-    """Whether attention() writes the output through a `perm` it is given (OUT_PERM, PSA_CUTE_OUT_PERM)."""
+def out_perm_enabled(T: int | None = None, variant: str = "pwt") -> bool:
+    """Whether the Morton path hands attention() `perm` for the output rows of T tokens (no scatter pass): where the
+    pair kernel runs (as q_perm_enabled) its PAIR_OUT_PERM (PSA_CUTE_PAIR_OUT_PERM), else the one-block kernel's
+    OUT_PERM (PSA_CUTE_OUT_PERM)."""
+    if T is not None and variant in ("pisa", "pwt") and _env_flag("PSA_CUTE_PAIR", -(-T // BS) >= PAIR_MIN_BLOCKS):
+        return _env_flag("PSA_CUTE_PAIR_OUT_PERM", PAIR_OUT_PERM)
     return _env_flag("PSA_CUTE_OUT_PERM", OUT_PERM)
 
 
@@ -517,12 +522,12 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
     if q_perm and not out_perm:
         raise ValueError("cute backend: q_perm reads the query rows through perm: pass perm")
     q_rs = q_rs or bool(q_perm)  # the query rows go straight into registers
-    # the pair build (fwd_pair.py) has Q in registers, no bias-load experiment, and the output permutation only with
-    # the query rows read through it
+    # the pair build (fwd_pair.py) has Q in registers and no bias-load experiment (the output permutation: since
+    # session 22 also without the query rows read through it)
     if pair is None:
         pair = _env_flag("PSA_CUTE_PAIR", n >= PAIR_MIN_BLOCKS)
     pair_ok = approx or _env_flag("PSA_CUTE_PAIR_DROP", PAIR_DROP)  # drop: the pair build with no virtual tiles
-    pair = pair_ok and q_rs and not (bias_l2 or bias_pf) and (q_perm or not out_perm) and bool(pair)
+    pair = pair_ok and q_rs and not (bias_l2 or bias_pf) and bool(pair)
     vt_stages = int(os.environ.get("PSA_CUTE_VT_STAGES", PAIR_VT_STAGES)) if pair else 0
     if probe.startswith("novt"):  # timing probe: the approx build with no virtual tiles (the exact loop alone),
         # "novt+PROBE" with another pair-build probe on top (fwd_pair.py)
@@ -572,7 +577,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
                     kern = PairFwdSm90(stages, vt_stages, D, probe, recip, share, bool(q_perm), vt_peel,
                                        pingpong, tree_max=tree_max, tree_sum=tree_sum, s_ahead=s_ahead,
                                        pv_fence=pv_fence, pv_fence_vt=pv_fence_vt, pv_pin=pv_pin,
-                                       s_ahead_vt=s_ahead_vt)
+                                       s_ahead_vt=s_ahead_vt, out_perm=out_perm)
                 else:
                     kern = PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2, bias_pf, out_perm, bool(q_perm),
                                                   tree_max=tree_max, tree_sum=tree_sum, pv_fence=pv_fence,

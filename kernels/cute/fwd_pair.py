@@ -20,9 +20,10 @@ CTA = 3 warpgroups (384 threads, one per SM, 208 KiB of shared memory at 4 exact
 The two warpgroups replace fwd.py's two CTAs per SM, so the tensor-core / softmax overlap between two query
 blocks is kept. A warpgroup that reaches its virtual tiles early waits for the other one only when the
 shared pipeline is full (both lists have the routing budget's length, so their exact loops end together).
-Exact only (drop) and the bias-load experiments stay in fwd.py; the Morton permutation comes only as q_perm
+Exact only (drop) and the bias-load experiments stay in fwd.py; the Morton permutation comes as q_perm
 (PSA_CUTE_PAIR_Q_PERM: the query rows read through it into registers and stored into the consumer's query stage
-for q H-bar, the output written through it; compiled, not yet run on a GPU).
+for q H-bar, the output written through it) or as out_perm alone (PSA_CUTE_PAIR_OUT_PERM, session 22: q from its
+block-order copy, only the output rows written through it, so no scatter pass follows).
 
 share=True: warp 0 loads both query tiles, then walks the sorted merge of the two ascending lists, one K and one V
 tile per union block, into slots that all 8 consumer warps release. Each consumer walks the same merge (_gap: how
@@ -83,10 +84,13 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
     def __init__(self, kv_stages: int = KV_STAGES, vt_stages: int = VT_STAGES, head_dim: int = 128, probe: str = "",
                  recip_store: bool = False, share: bool = False, q_perm: bool = False, vt_peel: bool = False,
                  pingpong: bool = False, tree_max: bool = False, tree_sum: bool = False, s_ahead: bool = False,
-                 pv_fence: bool = False, pv_fence_vt: bool = False, pv_pin: bool = False, s_ahead_vt: bool = False):
+                 pv_fence: bool = False, pv_fence_vt: bool = False, pv_pin: bool = False, s_ahead_vt: bool = False,
+                 out_perm: bool = False):
         # q_perm (Morton): query row t read from row mPerm[t] of the caller's q into the consumer's registers (no TMA,
-        # no block-order copy of q) and the output written through mPerm (fwd.py's q_perm)
-        super().__init__(True, kv_stages, head_dim, q_rs=True, out_perm=q_perm, q_perm=q_perm, tree_max=tree_max,
+        # no block-order copy of q) and the output written through mPerm (fwd.py's q_perm); out_perm alone: q from
+        # its block-order copy (TMA) as without Morton, only the output rows through mPerm (fwd.OUT_PERM)
+        super().__init__(True, kv_stages, head_dim, q_rs=True, out_perm=q_perm or out_perm, q_perm=q_perm,
+                         tree_max=tree_max,
                          tree_sum=tree_sum, pv_fence=pv_fence, pv_fence_vt=pv_fence_vt, pv_pin=pv_pin)
         self.recip_store = recip_store  # the epilogue multiplies by 1 / row sum (tile_ops._store_rows)
         self.vt_stages = vt_stages
@@ -149,7 +153,7 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
         tmas = hs["tmas"]
         if cutlass.const_expr(self.q_perm):  # no query TMA: its two slots carry the permutation and q itself
             tmas = (mPerm, mQ) + tmas[2:]
-        self.kernel(hs["qk_mma"], hs["pv_mma"], hs["qh_mma"], *tmas, mO, mVB, mIdx, n_vt, scale_log2, scale,
+        self.kernel(hs["qk_mma"], hs["pv_mma"], hs["qh_mma"], *tmas, mO, mVB, mIdx, mPerm, n_vt, scale_log2, scale,
                     sQ_layout, sK_layout, sV_layout, sKp_layout, sVp_layout).launch(
             grid=[(n_q + 1) // 2, mQ4.shape[1], mQ4.shape[0]], block=[self.threads, 1, 1], stream=stream,
             min_blocks_per_mp=1)
@@ -233,7 +237,7 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                tma_q, gQt: cute.Tensor, tma_k: cute.CopyAtom, gKt: cute.Tensor,
                tma_v: cute.CopyAtom, gVt: cute.Tensor, tma_kb: cute.CopyAtom, gKbt: cute.Tensor,
                tma_vm: cute.CopyAtom, gVmt: cute.Tensor, tma_h: cute.CopyAtom, gHt: cute.Tensor,
-               mO: cute.Tensor, mVB: cute.Tensor, mIdx: cute.Tensor, n_vt: cutlass.Int32,
+               mO: cute.Tensor, mVB: cute.Tensor, mIdx: cute.Tensor, mPerm: cute.Tensor, n_vt: cutlass.Int32,
                scale_log2: cutlass.Float32, scale: cutlass.Float32,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
                sKp_layout: cute.ComposedLayout, sVp_layout: cute.ComposedLayout):
@@ -582,6 +586,6 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                 row_sum[r] = self._quad_sum(row_sum[r])
             if i_own < n_kv:
                 self._store_rows(mO, acc_o, row_sum, tOcO, i_q, T, hb, self.recip_store,
-                                 tma_q if self.q_perm else None)
+                                 mPerm if self.out_perm else None)
         return
 

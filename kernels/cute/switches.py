@@ -19,6 +19,15 @@ BIAS_PF = False
 # (bench/probes/cute_out_perm.py, session 6, two rounds): 480p 8.00 / 8.77 ms vs 8.10 / 8.09 with the scatter,
 # 720p 41.12 / 40.29 vs 39.89 / 40.48, and more memory (its output cannot go over the q copy): off
 OUT_PERM = False
+# the same where the pair kernel runs (fwd_pair.py out_perm: q, k, v from their block-order copies, only the output
+# rows through the permutation, straight into the caller's layout; no scatter pass). Built on the CPU in session 22
+# (the shipped build's sm_90a SASS unchanged but for its parameter offsets; this one 168 registers, no spills, 230400
+# bytes). Session 22 on the H200: its GPU tests pass, output bitwise the scatter path's; as the node calls it, replayed
+# (switch_pair_out_perm_s22_h200.txt, medians of 5) 480p 7.593 -> 7.649 ms, 720p 36.680 -> 36.274, 3 of 5 rounds
+# each; its pieces alone (out_perm_kernel_s22_h200.txt, medians of 5): the kernel writing through the permutation
+# 6.671 ms against 6.542 + the scatter 0.173 (480p), 34.880 against 34.260 + 0.396 (720p): the permuted row stores
+# cost the kernel about what the scatter pass costs, or more. Off. PSA_CUTE_PAIR_OUT_PERM=1/0 overrides
+PAIR_OUT_PERM = False
 # Morton: the query rows read through the permutation into the consumer's registers, the output written through it:
 # only k and v copied, no scatter. One-block kernel only (q_perm_enabled). PSA_CUTE_Q_PERM=1/0 overrides. Session 9:
 # correct; FLUX.1 1024^2 through psa 1.20 / 1.22 ms vs 1.01 / 1.27 (host-bound, no pick; cute_q_perm_s9_h200.txt): off

@@ -292,7 +292,7 @@ def _forward_gathered(q, k, v, cfg, perm, fperm, n_prefix, config, scratch, atte
 
     An attention that takes no permutation (CuTe's) gets q copied too and writes its block-order output over
     that copy (each program reads its own query rows before it writes the same rows, and no other program reads
-    them); a scatter then puts it into the caller's layout (or, when it says `writes_out_perm()`, it writes
+    them); a scatter then puts it into the caller's layout (or, when it says `writes_out_perm(T, cfg)`, it writes
     the output rows through `fperm` straight into the caller's layout). Its three copies are budgeted like the
     two above, both limits scaled by 1.5, so the heads split exactly where this backend's do: in one chunk
     3x q's bytes + the statistics and one scatter at the end; in several (Wan2.1-14B 480p: 2 of 20 heads, 720p: 4 of
@@ -321,7 +321,7 @@ def _forward_gathered(q, k, v, cfg, perm, fperm, n_prefix, config, scratch, atte
     # an attention that writes the output rows through the permutation itself fills the caller's layout
     # directly (no scatter pass); else its block-order output goes over the q copy
     writes = getattr(attention, "writes_out_perm", None)
-    direct = writes is not None and writes()
+    direct = writes is not None and writes(T, cfg)
     if not direct and getattr(attention, "can_read_q_perm", False) and _morton_roll():
         hr = _roll_heads(q, hc)
         if hr < H:
