@@ -32,7 +32,7 @@
 # each carrying [".carry/cs1"]. Session 21: A20, A21 (S_AHEAD_VT again, its tests), A22 (after the bias fix, the
 # pieces), C21 (D15, C15, E), each carrying [".carry/cs1"]. Session 22: A23 (the exact pipeline's
 # depth under S_AHEAD), A24 (the select's interpolation search),
-# A25 (exact slots 4 -> 3, PAIR_Q_PERM as the node calls it).
+# A25 (exact slots 4 -> 3, PAIR_Q_PERM as the node calls it), A26 and A27 (PAIR_OUT_PERM).
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
 # times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
@@ -772,6 +772,34 @@ C21)  # session 21's last call (carry .carry/cs1; ~6 min): S_AHEAD_VT on (A22) t
     # (D15), the break-even table (C15, installed into nodes/) and the DiT step (E)
     WEB_TIMEOUT=120 bash "$0" D15
     bash "$0" C15
+    ;;
+A27)  # session 22's fifth call (carry .carry/cs1; ~2.5 min): A26's whole Morton call moved by ~4% between rounds,
+    # replayed or not, around the ~2% PSA_CUTE_PAIR_OUT_PERM should save (its tests passed, maxdiff 0; replayed medians
+    # 480p 7.593 -> 7.649, 720p 36.680 -> 36.274, faster in 3 of 5 rounds each: the rule failed on noise). Its two
+    # pieces on their own (bench/probes/out_perm_kernel.py): the pair kernel writing block order + the scatter, against
+    # the pair kernel writing through the permutation, under one routing, 5 alternated rounds. Prediction: the scatter
+    # ~0.16 ms at 480p and ~0.37 at 720p, the kernel's own time within 0.5%. Rule set now: PAIR_OUT_PERM on if the
+    # kernel through the permutation beats kernel + scatter in >= 4 of 5 rounds at both sizes with maxdiff 0
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    log "out_perm_kernel"
+    timeout -k 10 300 python bench/probes/out_perm_kernel.py > "$OUT/out_perm_kernel.txt" 2>&1
+    log "out_perm_kernel rc=$? $(grep -v RESULT "$OUT/out_perm_kernel.txt" | cut -c1-3000)"
+    ;;
+A26)  # session 22's fourth call (carry .carry/cs1; ~6 min): PSA_CUTE_PAIR_OUT_PERM (fwd_pair.py out_perm, built on the
+    # CPU in session 22: the shipped build's sm_90a SASS unchanged but for its parameter offsets; the out_perm build 168
+    # registers, no spills, 230400 bytes): on the Morton path the pair kernel writes its output rows through the
+    # permutation straight into the caller's layout, so the scatter pass (a read and a write of the output, ~0.16 ms
+    # at 480p by arithmetic) goes. Prediction: as the node calls it, 480p 7.40 -> ~7.25 ms, 720p ~0.3 ms less; the
+    # peak beyond the output unchanged. Rule set now: on if the replayed call (its GPU time, PROBE_REPLAY) is faster at
+    # 480p and at 720p in >= 4 of 5 rounds each, the outputs equal (maxdiff 0) and the GPU tests below pass.
+    # (1) the pair kernel's permutation tests and test_cute_gpu.py's Morton tests on the defaults; (2) switch_ab.py
+    # PSA_CUTE_PAIR_OUT_PERM with PROBE_REPLAY=1, CuTe, 480p and 720p, 5 rounds
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    run_tests out_perm 260 tests/test_cute_pair_gpu.py tests/test_cute_gpu.py -k "permutation or morton"
+    log "switch_ab PSA_CUTE_PAIR_OUT_PERM (replayed too)"
+    PROBE_REPLAY=1 PROBE_ROUNDS=5 PROBE_BACKENDS=cute PROBE_SHAPES=wan14,wan14_720 timeout -k 10 $((585 - SECONDS)) \
+        python bench/probes/switch_ab.py PSA_CUTE_PAIR_OUT_PERM > "$OUT/switch_pair_out_perm.txt" 2>&1
+    log "switch_ab rc=$? $(grep -v RESULT "$OUT/switch_pair_out_perm.txt" | cut -c1-3000)"
     ;;
 A25)  # session 22's third call (carry .carry/cs1; ~4 min): two knobs not timed on today's kernels. (1) exact slots
     # 4 -> 3 per consumer on the defaults (S_AHEAD_VT's four virtual stages; A23 had the plain loop 1.5% slower at 5
