@@ -32,7 +32,8 @@
 # each carrying [".carry/cs1"]. Session 21: A20, A21 (S_AHEAD_VT again, its tests), A22 (after the bias fix, the
 # pieces), C21 (D15, C15, E), each carrying [".carry/cs1"]. Session 22: A23 (the exact pipeline's
 # depth under S_AHEAD), A24 (the select's interpolation search),
-# A25 (exact slots 4 -> 3, PAIR_Q_PERM as the node calls it), A26 and A27 (PAIR_OUT_PERM).
+# A25 (exact slots 4 -> 3, PAIR_Q_PERM as the node calls it), A26 and A27 (PAIR_OUT_PERM), A28 (the epilogue's
+# stores), A29 (the TMA-store epilogue).
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
 # times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
@@ -772,6 +773,36 @@ C21)  # session 21's last call (carry .carry/cs1; ~6 min): S_AHEAD_VT on (A22) t
     # (D15), the break-even table (C15, installed into nodes/) and the DiT step (E)
     WEB_TIMEOUT=120 bash "$0" D15
     bash "$0" C15
+    ;;
+A30)  # session 22's last call (carry .carry/cs1; ~2 min, the device time left): A29 met its rule, so TMA_STORE is
+    # the default; the pair GPU tests that run the Morton path, crafted lists and the shared pipeline on it
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    run_tests tma_default $((125 - SECONDS)) tests/test_cute_pair_gpu.py -k "morton or permutation or crafted or share"
+    ;;
+A29)  # session 22's seventh call (carry .carry/cs1; ~4 min): PSA_CUTE_TMA_STORE (fwd_pair.py tma_store, built on the
+    # CPU after A28: the normalised tile into the consumer's query stage, one UTMASTG per consumer, its smem reads
+    # waited for; 168 registers, no spills, 230400 bytes). A28 put the pair kernel's per-element epilogue stores at
+    # 0.36 ms (480p) / 0.50 (720p). (1) its GPU tests (bitwise the per-element stores: odd / partial last blocks, both
+    # epilogues, the node's [B, L, H, D] output); (2) the kernels alone with it off / on (vt_peel_kernel.py), 5
+    # rounds. Prediction: pwt -0.2 to -0.3 ms at 480p, ~-0.3 at 720p. Rule set now: on if faster in >= 4 of 5 rounds
+    # at both sizes, bitwise equal, tests green
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    run_tests tma_store 150 tests/test_cute_pair_gpu.py -k "tma_store"
+    log "TMA_STORE in the kernels alone"
+    PROBE_ROUNDS=5 timeout -k 10 $((590 - SECONDS)) python bench/probes/vt_peel_kernel.py PSA_CUTE_TMA_STORE \
+        > "$OUT/tma_store_kernel.txt" 2>&1
+    log "tma_store rc=$? $(grep -v RESULT "$OUT/tma_store_kernel.txt" | python bench/probes/ab_brief.py 2>&1 | cut -c1-1500)"
+    ;;
+A28)  # session 22's sixth call (carry .carry/cs1; ~3 min): what the pair kernel's epilogue stores cost. A27 put the
+    # permuted row stores at 0.13 ms (480p) / 0.62 (720p) over the block-order ones; with one CTA per SM nothing
+    # overlaps a CTA's epilogue. out_perm_kernel.py with PROBE_NOSTORE=1 adds the kernel writing the caller's
+    # [B, T, H, D] layout without the permutation (the node's raster path) and the kernel with its stores skipped
+    # (fwd_pair.py probe "nostore", compiled on the CPU: 168 registers, no spills). Diagnostic for an smem-staged
+    # epilogue (next session); nothing ships. Prediction: block-order stores ~0.05-0.1 ms at 480p
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    log "out_perm_kernel + nostore"
+    PROBE_NOSTORE=1 timeout -k 10 400 python bench/probes/out_perm_kernel.py > "$OUT/epilogue_stores.txt" 2>&1
+    log "epilogue_stores rc=$? $(grep -v RESULT "$OUT/epilogue_stores.txt" | cut -c1-3000)"
     ;;
 A27)  # session 22's fifth call (carry .carry/cs1; ~2.5 min): A26's whole Morton call moved by ~4% between rounds,
     # replayed or not, around the ~2% PSA_CUTE_PAIR_OUT_PERM should save (its tests passed, maxdiff 0; replayed medians

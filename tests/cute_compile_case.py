@@ -142,6 +142,9 @@ builds.append(("pisa/pwt pair recip pv_pin s_ahead_vt",
                lambda: FP.PairFwdSm90(4, 4, D, "", True, pv_fence=True, pv_pin=True, s_ahead_vt=True), vb, 168))
 # the shipped pair build writing its output rows through the Morton permutation, q from its block-order copy
 # (fwd.OUT_PERM on the pair kernel, session 22)
+# the shipped pair build's epilogue through shared memory and one TMA store (fwd.TMA_STORE, session 22)
+builds.append(("pisa/pwt pair recip tma_store pv_fence s_ahead_vt",
+               lambda: FP.PairFwdSm90(4, 4, D, "", True, pv_fence=True, s_ahead_vt=True, tma_store=True), vb, 168))
 builds.append(("pisa/pwt pair recip out_perm pv_fence s_ahead_vt",
                lambda: FP.PairFwdSm90(4, 4, D, "", True, pv_fence=True, s_ahead_vt=True, out_perm=True), vb, 168))
 ONLY = os.environ.get("PSA_COMPILE_ONLY")  # (by hand: the builds whose name holds this string)

@@ -304,6 +304,41 @@ def test_pair_writes_the_output_rows_through_the_permutation(share, monkeypatch)
     assert any(key[7] and key[8] and not key[12] for key in CF._compiled), list(CF._compiled)
 
 
+# PSA_CUTE_TMA_STORE (fwd_pair.py tma_store, pair_sched._store_tile_tma, session 22): the epilogue through the
+# consumer's query stage and one TMA store of whole rows. The same values (the same reciprocal or division and the
+# same rounding to bf16), so bitwise the per-element stores' output: an odd last query block (stored by one
+# consumer), a partial last block (rows past T clipped by the tensor map), both epilogues, pisa and pwt
+@pytest.mark.parametrize("variant", ["pwt", "pisa"])
+@pytest.mark.parametrize("T, recip", [(9000, "1"), (8256, "0"), (12288, "1")])
+def test_pair_tma_store_epilogue(variant, T, recip, monkeypatch):
+    q, k, v = (rnd((1, 2, T, 128), seed=150 + s) for s in range(3))
+    cfg = cfg_of(128, 0.125, variant)
+    monkeypatch.setenv("PSA_CUTE_RECIP_STORE", recip)
+    r, _ = float64_reference(q, k, v, cfg)
+    base, tma = _switched(q, k, v, cfg, r, monkeypatch, "PSA_CUTE_TMA_STORE")
+    assert torch.isfinite(tma).all()
+    assert torch.equal(base, tma), rel(tma, base)
+
+
+def test_pair_tma_store_into_the_node_layout(monkeypatch):
+    # the node's call without Morton: the output in the caller's [B, L, H, D] memory (a row every H * D elements),
+    # B = 2, an odd block count with a partial last block
+    from gpu_common import node_layout_qkv
+    from kernels import piecewise_sparse_attention as psa
+    from kernels.cute import fwd as CF
+    q, k, v = node_layout_qkv(2, 64 * 130 + 17, 3, 128, seed=160)
+    monkeypatch.setenv("PSA_CUDA_GRAPHS", "0")
+    monkeypatch.setenv("PSA_CUTE_PAIR", "1")
+    outs = []
+    for val in ("0", "1"):
+        monkeypatch.setenv("PSA_CUTE_TMA_STORE", val)
+        outs.append(psa(q, k, v, density=0.125, variant="pwt", backend="cute", on_failure="raise"))
+    assert outs[0].stride() == outs[1].stride() == q.stride()
+    assert torch.isfinite(outs[1]).all()
+    assert torch.equal(outs[0], outs[1]), rel(outs[1], outs[0])
+    assert any(key[-1] for key in CF._compiled), list(CF._compiled)  # the tma_store build ran
+
+
 # PSA_CUTE_VT_PEEL: every virtual tile but the last as whole blocks (log2(64) in the bias, no counts), the last one
 # after the loop as before. T 8256: 129 blocks (the last tile holds one whole block), 9000: 141 (the last block 40
 # tokens), 12288: 192 (three tiles of whole blocks); density 0.5: most columns of a tile exact (-inf in the bias)

@@ -3,8 +3,10 @@ rounds, replayed or not, around a ~2% effect). Under one routing (pwt d 0.125, r
 Morton order of Wan2.1-14B's [21, 30, 52] / [21, 45, 80] grid, no prefix), alternated over PROBE_ROUNDS (default 5)
 rounds: arm 0 = the pair kernel writing its block-order output (`kernel0`) then the scatter into the caller's
 [B, T, H, D] layout (`scatter`; `total0` = both, timed as one), arm 1 = the pair kernel writing the output rows
-through the permutation into that layout (`kernel1` = `total1`). Both arms' results compared bitwise. Prints
-`RESULT {...}` last.
+through the permutation into that layout (`kernel1` = `total1`). Both arms' results compared bitwise. With
+PROBE_NOSTORE=1 also `kernel0_bthd` (the pair kernel writing the caller's layout in block order, no permutation) and
+`nostore` (the pair kernel with its epilogue's stores skipped, fwd_pair.py probe "nostore": what the stores cost).
+Prints `RESULT {...}` last.
 
     python bench/probes/out_perm_kernel.py
 """
@@ -25,6 +27,7 @@ from kernels.triton import _scatter_into  # noqa: E402
 from kernels.triton import stats as kts  # noqa: E402
 
 ROUNDS = int(os.environ.get("PROBE_ROUNDS", "5"))
+NOSTORE = os.environ.get("PROBE_NOSTORE", "0") == "1"
 res = {"rounds": ROUNDS}
 for name, grid in (("wan14", (21, 30, 52)), ("wan14_720", (21, 45, 80))):
     T = grid[0] * grid[1] * grid[2]
@@ -54,6 +57,13 @@ for name, grid in (("wan14", (21, 30, 52)), ("wan14_720", (21, 45, 80))):
     def kernel1():
         kcf.attention(q, k, v, dst, st, idx, vbias, cfg, perm=fperm)
 
+    def kernel0_bthd():
+        kcf.attention(q, k, v, dst, st, idx, vbias, cfg)
+
+    def nostore():
+        kcf.attention(q, k, v, blk, st, idx, vbias, cfg, probe="nostore")
+
+    arms = (kernel0, scatter, total0, kernel1) + ((kernel0_bthd, nostore) if NOSTORE else ())
     ms = lambda f: do_bench(f, warmup=25, rep=300 if T < 50000 else 800, return_mode="median")  # noqa: E731
     d = res[name] = {"T": T}
     try:
@@ -62,10 +72,10 @@ for name, grid in (("wan14", (21, 30, 52)), ("wan14_720", (21, 45, 80))):
         kernel1()
         d["maxdiff"] = float((a.float() - dst.float()).abs().max())
         for r in range(ROUNDS):
-            for f in ((kernel0, scatter, total0, kernel1) if r % 2 == 0 else (kernel1, total0, scatter, kernel0)):
+            for f in (arms if r % 2 == 0 else arms[::-1]):
                 d.setdefault(f.__name__, []).append(round(ms(f), 4))
-        for f in ("kernel0", "scatter", "total0", "kernel1"):
-            d[f + "_median_ms"] = statistics.median(d[f])
+        for f in arms:
+            d[f.__name__ + "_median_ms"] = statistics.median(d[f.__name__])
         d["arm1_faster_rounds"] = sum(b < a for a, b in zip(d["total0"], d["kernel1"]))
         d["kernel1_faster_than_kernel0_rounds"] = sum(b < a for a, b in zip(d["kernel0"], d["kernel1"]))
     except Exception as e:  # noqa: BLE001

@@ -77,6 +77,7 @@ from .switches import (  # noqa: E402  the switches and their measured history
     Q_RS, BIAS_L2, BIAS_PF, OUT_PERM, PAIR_OUT_PERM, Q_PERM, PAIR_MIN_BLOCKS, RECIP_STORE, PAIR_SHARE,
     PAIR_SHARE_MAX_SEL,
     PAIR_Q_PERM, PAIR_VT_STAGES, VT_PEEL, PINGPONG, TREE_MAX, TREE_SUM, S_AHEAD, PV_FENCE, PV_FENCE_VT, PV_PIN,
+    TMA_STORE,
     S_AHEAD_VT, PAIR_DROP,
 )
 
@@ -556,8 +557,10 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
     pv_fence = _env_flag("PSA_CUTE_PV_FENCE", PV_FENCE)
     pv_fence_vt = pair and _env_flag("PSA_CUTE_PV_FENCE_VT", PV_FENCE_VT)
     pv_pin = _env_flag("PSA_CUTE_PV_PIN", PV_PIN)
+    tma_store = pair and not out_perm and _env_flag("PSA_CUTE_TMA_STORE", TMA_STORE)
     key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm, vt_stages, probe, recip, share,
-           bool(q_perm), vt_peel, pingpong, tree_max, tree_sum, s_ahead, pv_fence, pv_fence_vt, pv_pin, s_ahead_vt)
+           bool(q_perm), vt_peel, pingpong, tree_max, tree_sum, s_ahead, pv_fence, pv_fence_vt, pv_pin, s_ahead_vt,
+           tma_store)
     args = [_cute(x) for x in (q, k, v, out, kb, vm, hb)]
     args += [from_dlpack(vb.detach(), assumed_align=vb.element_size()).mark_layout_dynamic(leading_dim=3),
              from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3),
@@ -577,7 +580,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
                     kern = PairFwdSm90(stages, vt_stages, D, probe, recip, share, bool(q_perm), vt_peel,
                                        pingpong, tree_max=tree_max, tree_sum=tree_sum, s_ahead=s_ahead,
                                        pv_fence=pv_fence, pv_fence_vt=pv_fence_vt, pv_pin=pv_pin,
-                                       s_ahead_vt=s_ahead_vt, out_perm=out_perm)
+                                       s_ahead_vt=s_ahead_vt, out_perm=out_perm, tma_store=tma_store)
                 else:
                     kern = PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2, bias_pf, out_perm, bool(q_perm),
                                                   tree_max=tree_max, tree_sum=tree_sum, pv_fence=pv_fence,

@@ -16,7 +16,8 @@ CTA = 3 warpgroups (384 threads, one per SM, 208 KiB of shared memory at 4 exact
   * warpgroups 1 and 2 (240 registers): fwd.py's consumer (Q in registers, FlashAttention-3 style pipelined
     loop, the same per-tile softmax from tile_ops), reading exact tiles from their own stages and virtual ones
     from the shared stages; a virtual tile's bias is fetched one tile step ahead (raw float16 registers,
-    converted when used). An odd last query block is computed by both warpgroups and stored by one.
+    converted when used). An odd last query block is computed by both warpgroups and stored by one; the stored
+    tile goes through the consumer's query stage and one TMA store (tma_store, fwd.TMA_STORE, since session 22).
 The two warpgroups replace fwd.py's two CTAs per SM, so the tensor-core / softmax overlap between two query
 blocks is kept. A warpgroup that reaches its virtual tiles early waits for the other one only when the
 shared pipeline is full (both lists have the routing budget's length, so their exact loops end together).
@@ -48,7 +49,7 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass.cute.nvgpu import warpgroup
+from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from .fwd import PAIR_SHARE_MAX_SEL, PAIR_VT_STAGES, PiecewiseSparseFwdSm90
 from .pair_sched import PairSchedule
@@ -85,14 +86,16 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                  recip_store: bool = False, share: bool = False, q_perm: bool = False, vt_peel: bool = False,
                  pingpong: bool = False, tree_max: bool = False, tree_sum: bool = False, s_ahead: bool = False,
                  pv_fence: bool = False, pv_fence_vt: bool = False, pv_pin: bool = False, s_ahead_vt: bool = False,
-                 out_perm: bool = False):
-        # q_perm (Morton): query row t read from row mPerm[t] of the caller's q into the consumer's registers (no TMA,
-        # no block-order copy of q) and the output written through mPerm (fwd.py's q_perm); out_perm alone: q from
-        # its block-order copy (TMA) as without Morton, only the output rows through mPerm (fwd.OUT_PERM)
+                 out_perm: bool = False, tma_store: bool = False):
+        # q_perm (Morton): query row t read from row mPerm[t] of the caller's q into the consumer's registers, the
+        # output written through mPerm (fwd.py's q_perm); out_perm alone: only the output rows (fwd.PAIR_OUT_PERM)
         super().__init__(True, kv_stages, head_dim, q_rs=True, out_perm=q_perm or out_perm, q_perm=q_perm,
                          tree_max=tree_max,
                          tree_sum=tree_sum, pv_fence=pv_fence, pv_fence_vt=pv_fence_vt, pv_pin=pv_pin)
         self.recip_store = recip_store  # the epilogue multiplies by 1 / row sum (tile_ops._store_rows)
+        # the epilogue through the query stage and one TMA store (pair_sched._store_tile_tma, fwd.TMA_STORE); rows
+        # through a permutation keep the per-element stores
+        self.tma_store = tma_store and not (q_perm or out_perm)
         self.vt_stages = vt_stages
         # one exact-tile pipeline for both consumers, fed with the union of their two lists (a block both lists
         # hold is loaded once; a consumer waits for and releases the tiles of the other list without using them)
@@ -104,7 +107,8 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
         # their bias / count loads), "asexact" (virtual tiles through the exact tiles' softmax, no bias),
         # "nohbar" (the first-order GEMM skipped, its tiles still waited for); "nogemm", "nosoftmax", "stream"
         # (tile_ops._probe_skips: the exact / virtual loop without its GEMMs, its softmax, or both)
-        assert probe in ("", "nobias", "asexact", "nohbar", "nogemm", "nosoftmax", "stream")
+        # "nostore" (session 22): the epilogue's stores behind a row-sum test that never holds: their own cost
+        assert probe in ("", "nobias", "asexact", "nohbar", "nogemm", "nosoftmax", "stream", "nostore")
         self.probe = probe
         # every virtual tile but the last without per-column bounds and counts (log2(BS) in the bias), the last one
         # as before, after the loop (fwd.VT_PEEL)
@@ -153,7 +157,13 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
         tmas = hs["tmas"]
         if cutlass.const_expr(self.q_perm):  # no query TMA: its two slots carry the permutation and q itself
             tmas = (mPerm, mQ) + tmas[2:]
-        self.kernel(hs["qk_mma"], hs["pv_mma"], hs["qh_mma"], *tmas, mO, mVB, mIdx, mPerm, n_vt, scale_log2, scale,
+        # the output's TMA store from a query stage (tma_store), else the query atom as a placeholder
+        tma_o, gOt = tmas[0], tmas[1]
+        if cutlass.const_expr(self.tma_store):
+            tma_o, gOt = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO,
+                                                     cute.slice_(sQ_layout, (None, None, 0)), (BS, self.d))
+        self.kernel(hs["qk_mma"], hs["pv_mma"], hs["qh_mma"], *tmas, tma_o, gOt, mO, mVB, mIdx, mPerm, n_vt,
+                    scale_log2, scale,
                     sQ_layout, sK_layout, sV_layout, sKp_layout, sVp_layout).launch(
             grid=[(n_q + 1) // 2, mQ4.shape[1], mQ4.shape[0]], block=[self.threads, 1, 1], stream=stream,
             min_blocks_per_mp=1)
@@ -236,7 +246,7 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
     def kernel(self, qk_mma: cute.TiledMma, pv_mma: cute.TiledMma, qh_mma: cute.TiledMma,
                tma_q, gQt: cute.Tensor, tma_k: cute.CopyAtom, gKt: cute.Tensor,
                tma_v: cute.CopyAtom, gVt: cute.Tensor, tma_kb: cute.CopyAtom, gKbt: cute.Tensor,
-               tma_vm: cute.CopyAtom, gVmt: cute.Tensor, tma_h: cute.CopyAtom, gHt: cute.Tensor,
+               tma_vm: cute.CopyAtom, gVmt: cute.Tensor, tma_h: cute.CopyAtom, gHt: cute.Tensor, tma_o, gOt,
                mO: cute.Tensor, mVB: cute.Tensor, mIdx: cute.Tensor, mPerm: cute.Tensor, n_vt: cutlass.Int32,
                scale_log2: cutlass.Float32, scale: cutlass.Float32,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
@@ -584,7 +594,15 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                 self._add_first_order(acc_o, acc_h, row_g, scale)
             for r in cutlass.range_constexpr(n_rows):
                 row_sum[r] = self._quad_sum(row_sum[r])
-            if i_own < n_kv:
+            if cutlass.const_expr(self.probe == "nostore"):
+                if i_own < n_kv:
+                    if row_sum[0] < -1.0:  # (a row sum is never negative)
+                        self._store_rows(mO, acc_o, row_sum, tOcO, i_q, T, hb, self.recip_store,
+                                         mPerm if self.out_perm else None)
+            elif cutlass.const_expr(self.tma_store):
+                if i_own < n_kv:
+                    self._store_tile_tma(acc_o, row_sum, pv_thr, sQ, tma_o, gOt, c, ctid, i_q, hb)
+            elif i_own < n_kv:
                 self._store_rows(mO, acc_o, row_sum, tOcO, i_q, T, hb, self.recip_store,
                                  mPerm if self.out_perm else None)
         return

@@ -156,3 +156,13 @@ S_AHEAD_VT = True
 # block kernel's by that rounding. Built on the CPU in session 20, off until timed (A20, on S_AHEAD).
 # PSA_CUTE_PAIR_DROP=1/0 overrides
 PAIR_DROP = False
+# the pair kernel's epilogue through shared memory: the normalised output tile into the consumer's query stage, then
+# one TMA store of whole rows (fwd_pair.py tma_store, pair_sched._store_tile_tma), instead of per-element 4-byte
+# stores from the accumulator fragments (tile_ops._store_rows). Session 22 (A28, epilogue_stores_s22_h200.txt, the
+# pair kernel alone, medians of 5 rounds): with its stores skipped (probe "nostore") the kernel is 6.508 -> 6.146 ms
+# at 480p and 34.148 -> 33.651 at 720p, writing the caller's [B, T, H, D] layout 6.873 / 34.869: the stores cost
+# 0.36-0.73 ms, far above their bytes (0.08 ms at 480p). Built on the CPU in session 22; A29 on the H200
+# (tma_store_kernel_s22_h200.txt, the kernels alone, medians of 5 alternated rounds): bitwise the per-element
+# stores' output, pwt 480p 6.552 -> 6.285 ms (5 of 5 rounds), 720p 34.799 -> 33.950 (4 of 5): on. Not with the
+# output permutation (its rows are not a tile). PSA_CUTE_TMA_STORE=1/0 overrides
+TMA_STORE = True
