@@ -33,7 +33,7 @@
 # pieces), C21 (D15, C15, E), each carrying [".carry/cs1"]. Session 22: A23 (the exact pipeline's
 # depth under S_AHEAD), A24 (the select's interpolation search),
 # A25 (exact slots 4 -> 3, PAIR_Q_PERM as the node calls it), A26 and A27 (PAIR_OUT_PERM), A28 (the epilogue's
-# stores), A29 (the TMA-store epilogue).
+# stores), A29 and A30 (the TMA-store epilogue). Next: A31, then C21.
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
 # times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
@@ -773,6 +773,24 @@ C21)  # session 21's last call (carry .carry/cs1; ~6 min): S_AHEAD_VT on (A22) t
     # (D15), the break-even table (C15, installed into nodes/) and the DiT step (E)
     WEB_TIMEOUT=120 bash "$0" D15
     bash "$0" C15
+    ;;
+A31)  # next session's first call (carry .carry/cs1; ~9 min): (1) every forward GPU test on session 22's default
+    # (TMA_STORE on; A30 ran the pair tests on the Morton path, crafted lists and the shared pipeline only), with the
+    # one-block kernel's untimed TMA_STORE_ONE test among them; (2) PSA_CUTE_TMA_STORE_ONE at FLUX.1 as the node calls
+    # it (switch_ab.py --flux-only: graph replay), 5 rounds. Rule set now: TMA_STORE_ONE on if its tests pass, the
+    # outputs are equal and FLUX.1's replayed call is faster in >= 4 of 5 rounds. (3) the pieces on the new default
+    # (L's shapes); then C21 (the curve, the break-even table, the DiT step) in the next call
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    run_tests fwd_tma 240 tests/test_cute_pair_gpu.py tests/test_cute_gpu.py tests/test_nonfinite.py \
+        tests/test_graphs_gpu.py
+    log "switch_ab PSA_CUTE_TMA_STORE_ONE --flux-only"
+    PROBE_ROUNDS=5 PROBE_BACKENDS=cute timeout -k 10 90 python bench/probes/switch_ab.py PSA_CUTE_TMA_STORE_ONE \
+        --flux-only > "$OUT/switch_tma_store_one.txt" 2>&1
+    log "switch_ab rc=$? $(grep -v RESULT "$OUT/switch_tma_store_one.txt" | cut -c1-1500)"
+    log "pieces (TMA_STORE on)"
+    timeout -k 10 $((585 - SECONDS)) python bench/pieces.py --out "$OUT/pieces_l" --morton --flux-node --ditlike \
+        --shapes wan14,wan14_720,flux > "$OUT/pieces_l.log" 2>&1
+    log "pieces rc=$?"
     ;;
 A30)  # session 22's last call (carry .carry/cs1; ~2 min, the device time left): A29 met its rule, so TMA_STORE is
     # the default; the pair GPU tests that run the Morton path, crafted lists and the shared pipeline on it

@@ -145,6 +145,11 @@ builds.append(("pisa/pwt pair recip pv_pin s_ahead_vt",
 # the shipped pair build's epilogue through shared memory and one TMA store (fwd.TMA_STORE, session 22)
 builds.append(("pisa/pwt pair recip tma_store pv_fence s_ahead_vt",
                lambda: FP.PairFwdSm90(4, 4, D, "", True, pv_fence=True, s_ahead_vt=True, tma_store=True), vb, 168))
+# the one-block builds with the same epilogue (fwd.TMA_STORE_ONE, session 22)
+builds.append(("pisa/pwt q_rs pv_fence tma_store",
+               lambda: F.PiecewiseSparseFwdSm90(True, 5, D, True, pv_fence=True, tma_store=True), vb, 128))
+builds.append(("drop q_rs pv_fence tma_store",
+               lambda: F.PiecewiseSparseFwdSm90(False, 5, D, True, pv_fence=True, tma_store=True), vb, 128))
 builds.append(("pisa/pwt pair recip out_perm pv_fence s_ahead_vt",
                lambda: FP.PairFwdSm90(4, 4, D, "", True, pv_fence=True, s_ahead_vt=True, out_perm=True), vb, 168))
 ONLY = os.environ.get("PSA_COMPILE_ONLY")  # (by hand: the builds whose name holds this string)

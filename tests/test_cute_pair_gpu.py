@@ -339,6 +339,24 @@ def test_pair_tma_store_into_the_node_layout(monkeypatch):
     assert any(key[-1] for key in CF._compiled), list(CF._compiled)  # the tma_store build ran
 
 
+@pytest.mark.parametrize("variant", ["pwt", "drop"])
+def test_one_block_tma_store_epilogue(variant, monkeypatch):
+    # PSA_CUTE_TMA_STORE_ONE (fwd.py tma_store, session 22; built after the device time, off until timed): the
+    # one-block kernel's epilogue through its query stage and one TMA store, bitwise the per-element stores' output
+    # (a partial last block, the node's [B, L, H, D] output, B = 2)
+    from gpu_common import node_layout_qkv
+    from kernels import piecewise_sparse_attention as psa
+    q, k, v = node_layout_qkv(2, 64 * 37 + 17, 3, 128, seed=170)
+    monkeypatch.setenv("PSA_CUDA_GRAPHS", "0")
+    monkeypatch.setenv("PSA_CUTE_PAIR", "0")
+    outs = []
+    for val in ("0", "1"):
+        monkeypatch.setenv("PSA_CUTE_TMA_STORE_ONE", val)
+        outs.append(psa(q, k, v, density=0.25, variant=variant, backend="cute", on_failure="raise"))
+    assert torch.isfinite(outs[1]).all() and outs[1].stride() == q.stride()
+    assert torch.equal(outs[0], outs[1]), rel(outs[1], outs[0])
+
+
 # PSA_CUTE_VT_PEEL: every virtual tile but the last as whole blocks (log2(64) in the bias, no counts), the last one
 # after the loop as before. T 8256: 129 blocks (the last tile holds one whole block), 9000: 141 (the last block 40
 # tokens), 12288: 192 (three tiles of whole blocks); density 0.5: most columns of a tile exact (-inf in the bias)

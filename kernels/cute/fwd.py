@@ -75,11 +75,8 @@ IMPORT_ERROR = None  # this module only imports when nvidia-cutlass-dsl does (ke
 D_SUPPORTED = 128
 from .switches import (  # noqa: E402  the switches and their measured history
     Q_RS, BIAS_L2, BIAS_PF, OUT_PERM, PAIR_OUT_PERM, Q_PERM, PAIR_MIN_BLOCKS, RECIP_STORE, PAIR_SHARE,
-    PAIR_SHARE_MAX_SEL,
-    PAIR_Q_PERM, PAIR_VT_STAGES, VT_PEEL, PINGPONG, TREE_MAX, TREE_SUM, S_AHEAD, PV_FENCE, PV_FENCE_VT, PV_PIN,
-    TMA_STORE,
-    S_AHEAD_VT, PAIR_DROP,
-)
+    PAIR_SHARE_MAX_SEL, PAIR_Q_PERM, PAIR_VT_STAGES, VT_PEEL, PINGPONG, TREE_MAX, TREE_SUM, S_AHEAD, PV_FENCE,
+    PV_FENCE_VT, PV_PIN, TMA_STORE, TMA_STORE_ONE, S_AHEAD_VT, PAIR_DROP)
 
 
 class PiecewiseSparseFwdSm90(TileOps):
@@ -88,8 +85,10 @@ class PiecewiseSparseFwdSm90(TileOps):
     def __init__(self, approx: bool, kv_stages: int = 4, head_dim: int = 128, q_rs: bool = False,
                  bias_l2: bool = False, bias_pf: bool = False, out_perm: bool = False, q_perm: bool = False,
                  tree_max: bool = False, tree_sum: bool = False, pv_fence: bool = False, pv_fence_vt: bool = False,
-                 pv_pin: bool = False):
+                 pv_pin: bool = False, tma_store: bool = False):
         self.approx = approx
+        # the epilogue through the query stage and one TMA store (tile_ops._store_tile_tma; TMA_STORE_ONE)
+        self.tma_store = tma_store and not (out_perm or q_perm)
         self.pv_fence = pv_fence  # a fence before the wait for P V after an exact tile's softmax (PV_FENCE)
         self.pv_fence_vt = pv_fence_vt  # and after a virtual tile's (PV_FENCE_VT)
         self.pv_pin = pv_pin  # those fences predicated on the row sums (PV_PIN, tile_ops._pv_wait)
@@ -187,8 +186,12 @@ class PiecewiseSparseFwdSm90(TileOps):
         tmas = hs["tmas"]
         if cutlass.const_expr(self.q_perm):  # the query TMA is not used: its tensor slot carries q itself
             tmas = (tmas[0], mQ) + tmas[2:]
-        self.kernel(hs["qk_mma"], hs["pv_mma"], hs["qh_mma"], *tmas, mO, mVB, mIdx, mPerm, n_vt, scale_log2,
-                    scale, sQ_layout, sK_layout, sV_layout).launch(
+        tma_o, gOt = tmas[0], tmas[1]  # the output's TMA store (tma_store), else placeholders
+        if cutlass.const_expr(self.tma_store):
+            tma_o, gOt = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO,
+                                                     cute.slice_(sQ_layout, (None, None, 0)), (BS, self.d))
+        self.kernel(hs["qk_mma"], hs["pv_mma"], hs["qh_mma"], *tmas, tma_o, gOt, mO, mVB, mIdx, mPerm, n_vt,
+                    scale_log2, scale, sQ_layout, sK_layout, sV_layout).launch(
             grid=[n_q, mQ4.shape[1], mQ4.shape[0]], block=[self.threads, 1, 1], stream=stream,
             min_blocks_per_mp=2)
 
@@ -197,7 +200,7 @@ class PiecewiseSparseFwdSm90(TileOps):
     def kernel(self, qk_mma: cute.TiledMma, pv_mma: cute.TiledMma, qh_mma: cute.TiledMma,
                tma_q: cute.CopyAtom, gQt: cute.Tensor, tma_k: cute.CopyAtom, gKt: cute.Tensor,
                tma_v: cute.CopyAtom, gVt: cute.Tensor, tma_kb: cute.CopyAtom, gKbt: cute.Tensor,
-               tma_vm: cute.CopyAtom, gVmt: cute.Tensor, tma_h: cute.CopyAtom, gHt: cute.Tensor,
+               tma_vm: cute.CopyAtom, gVmt: cute.Tensor, tma_h: cute.CopyAtom, gHt: cute.Tensor, tma_o, gOt,
                mO: cute.Tensor, mVB: cute.Tensor, mIdx: cute.Tensor, mPerm: cute.Tensor, n_vt: cutlass.Int32,
                scale_log2: cutlass.Float32, scale: cutlass.Float32,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
@@ -397,7 +400,10 @@ class PiecewiseSparseFwdSm90(TileOps):
             # epilogue: normalise, store the rows that exist
             for r in cutlass.range_constexpr(n_rows):
                 row_sum[r] = self._quad_sum(row_sum[r])
-            self._store_rows(mO, acc_o, row_sum, tOcO, i_q, T, hb, False, mPerm if self.out_perm else None)
+            if cutlass.const_expr(self.tma_store):
+                self._store_tile_tma(acc_o, row_sum, pv_thr, sQ, tma_o, gOt, 0, ctid, i_q, hb)
+            else:
+                self._store_rows(mO, acc_o, row_sum, tOcO, i_q, T, hb, False, mPerm if self.out_perm else None)
         return
 
 
@@ -557,7 +563,8 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
     pv_fence = _env_flag("PSA_CUTE_PV_FENCE", PV_FENCE)
     pv_fence_vt = pair and _env_flag("PSA_CUTE_PV_FENCE_VT", PV_FENCE_VT)
     pv_pin = _env_flag("PSA_CUTE_PV_PIN", PV_PIN)
-    tma_store = pair and not out_perm and _env_flag("PSA_CUTE_TMA_STORE", TMA_STORE)
+    tma_store = not out_perm and (_env_flag("PSA_CUTE_TMA_STORE", TMA_STORE) if pair
+                                  else _env_flag("PSA_CUTE_TMA_STORE_ONE", TMA_STORE_ONE))
     key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm, vt_stages, probe, recip, share,
            bool(q_perm), vt_peel, pingpong, tree_max, tree_sum, s_ahead, pv_fence, pv_fence_vt, pv_pin, s_ahead_vt,
            tma_store)
@@ -584,7 +591,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
                 else:
                     kern = PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2, bias_pf, out_perm, bool(q_perm),
                                                   tree_max=tree_max, tree_sum=tree_sum, pv_fence=pv_fence,
-                                                  pv_pin=pv_pin)
+                                                  pv_pin=pv_pin, tma_store=tma_store)
                 fn = cute.compile(kern, *args, *scal, stream)
                 dt = time.perf_counter() - t0
                 _compile_seconds[str(key)] = dt

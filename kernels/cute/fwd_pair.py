@@ -21,10 +21,8 @@ CTA = 3 warpgroups (384 threads, one per SM, 208 KiB of shared memory at 4 exact
 The two warpgroups replace fwd.py's two CTAs per SM, so the tensor-core / softmax overlap between two query
 blocks is kept. A warpgroup that reaches its virtual tiles early waits for the other one only when the
 shared pipeline is full (both lists have the routing budget's length, so their exact loops end together).
-Exact only (drop) and the bias-load experiments stay in fwd.py; the Morton permutation comes as q_perm
-(PSA_CUTE_PAIR_Q_PERM: the query rows read through it into registers and stored into the consumer's query stage
-for q H-bar, the output written through it) or as out_perm alone (PSA_CUTE_PAIR_OUT_PERM, session 22: q from its
-block-order copy, only the output rows written through it, so no scatter pass follows).
+Exact only (drop) and the bias-load experiments stay in fwd.py; the Morton permutation comes as q_perm (the query
+rows read through it into registers, the output written through it) or out_perm (only the output rows; fwd.py).
 
 share=True: warp 0 loads both query tiles, then walks the sorted merge of the two ascending lists, one K and one V
 tile per union block, into slots that all 8 consumer warps release. Each consumer walks the same merge (_gap: how

@@ -166,3 +166,7 @@ PAIR_DROP = False
 # stores' output, pwt 480p 6.552 -> 6.285 ms (5 of 5 rounds), 720p 34.799 -> 33.950 (4 of 5): on. Not with the
 # output permutation (its rows are not a tile). PSA_CUTE_TMA_STORE=1/0 overrides
 TMA_STORE = True
+# the same epilogue in the one-block kernel (fwd.py, below the pair kernel's 512 KV blocks: FLUX.1, Wan2.1-1.3B at
+# small sizes; its query stage holds one tile), built on the CPU in session 22 after the device time: off until timed.
+# PSA_CUTE_TMA_STORE_ONE=1/0 overrides
+TMA_STORE_ONE = False

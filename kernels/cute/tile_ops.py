@@ -219,6 +219,29 @@ class TileOps:
                     mO[t_row, tOcO[e][1], hb] = x.to(mO.element_type)
 
     @cute.jit
+    def _store_tile_tma(self, acc_o, row_sum, pv_thr, sQ, tma_o, gOt, c, ctid, i_q, hb):
+        """The epilogue with tma_store (fwd_pair.py; fwd.py's one-block kernel: c = 0): the tile normalised as
+        _store_rows does (recip_store: one reciprocal per row), converted into query stage c and made visible to
+        the async proxy; then one thread stores the whole 64-row tile with TMA (rows past T are clipped by the
+        tensor map) and waits until the stage has been read (the CTA's shared memory must outlive those reads)."""
+        inv = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Float32)
+        for r in cutlass.range_constexpr(2):
+            inv[r] = 1.0 / row_sum[r]
+        tOsO = pv_thr.partition_C(sQ)[(None, None, None, c)]
+        for e in cutlass.range_constexpr(cute.size(acc_o)):  # (element by element: no second register tile)
+            if cutlass.const_expr(getattr(self, "recip_store", False)):
+                tOsO[e] = (acc_o[e] * inv[self._row_slot_e(e)]).to(sQ.element_type)
+            else:
+                tOsO[e] = (acc_o[e] / row_sum[self._row_slot_e(e)]).to(sQ.element_type)
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=1 + c, number_of_threads=128)
+        if ctid == 0:
+            tOs, tOg = self._tma_part(tma_o, sQ, gOt, BS, self.d)
+            cute.copy(tma_o, tOs[(None, c)], tOg[(None, i_q, 0, hb)])
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
     def _softmax_tile(self, acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, is_virtual,
                       is_tail, rem, rescale_o: cutlass.Constexpr, full: cutlass.Constexpr = False,
                       whole: cutlass.Constexpr = False):
