@@ -320,19 +320,26 @@ def test_pair_tma_store_epilogue(variant, T, recip, monkeypatch):
     assert torch.equal(base, tma), rel(tma, base)
 
 
-def test_pair_tma_store_into_the_node_layout(monkeypatch):
-    # the node's call without Morton: the output in the caller's [B, L, H, D] memory (a row every H * D elements),
-    # B = 2, an odd block count with a partial last block
+def _node_call_switched(env, pair, T, seed, monkeypatch, **kw):
+    """(q, [output with `env` at 0, at 1]) of the node's call without Morton: the output in the caller's [B, L, H, D]
+    memory (a row every H * D elements), B = 2, H = 3, CUDA graphs off, the pair kernel forced on or off."""
     from gpu_common import node_layout_qkv
     from kernels import piecewise_sparse_attention as psa
-    from kernels.cute import fwd as CF
-    q, k, v = node_layout_qkv(2, 64 * 130 + 17, 3, 128, seed=160)
+    q, k, v = node_layout_qkv(2, T, 3, 128, seed=seed)
     monkeypatch.setenv("PSA_CUDA_GRAPHS", "0")
-    monkeypatch.setenv("PSA_CUTE_PAIR", "1")
+    monkeypatch.setenv("PSA_CUTE_PAIR", pair)
     outs = []
     for val in ("0", "1"):
-        monkeypatch.setenv("PSA_CUTE_TMA_STORE", val)
-        outs.append(psa(q, k, v, density=0.125, variant="pwt", backend="cute", on_failure="raise"))
+        monkeypatch.setenv(env, val)
+        outs.append(psa(q, k, v, backend="cute", on_failure="raise", **kw))
+    return q, outs
+
+
+def test_pair_tma_store_into_the_node_layout(monkeypatch):
+    # the node's call without Morton into the caller's layout, an odd block count with a partial last block
+    from kernels.cute import fwd as CF
+    q, outs = _node_call_switched("PSA_CUTE_TMA_STORE", "1", 64 * 130 + 17, 160, monkeypatch, density=0.125,
+                                  variant="pwt")
     assert outs[0].stride() == outs[1].stride() == q.stride()
     assert torch.isfinite(outs[1]).all()
     assert torch.equal(outs[0], outs[1]), rel(outs[1], outs[0])
@@ -344,15 +351,8 @@ def test_one_block_tma_store_epilogue(variant, monkeypatch):
     # PSA_CUTE_TMA_STORE_ONE (fwd.py tma_store, session 22; built after the device time, off until timed): the
     # one-block kernel's epilogue through its query stage and one TMA store, bitwise the per-element stores' output
     # (a partial last block, the node's [B, L, H, D] output, B = 2)
-    from gpu_common import node_layout_qkv
-    from kernels import piecewise_sparse_attention as psa
-    q, k, v = node_layout_qkv(2, 64 * 37 + 17, 3, 128, seed=170)
-    monkeypatch.setenv("PSA_CUDA_GRAPHS", "0")
-    monkeypatch.setenv("PSA_CUTE_PAIR", "0")
-    outs = []
-    for val in ("0", "1"):
-        monkeypatch.setenv("PSA_CUTE_TMA_STORE_ONE", val)
-        outs.append(psa(q, k, v, density=0.25, variant=variant, backend="cute", on_failure="raise"))
+    q, outs = _node_call_switched("PSA_CUTE_TMA_STORE_ONE", "0", 64 * 37 + 17, 170, monkeypatch, density=0.25,
+                                  variant=variant)
     assert torch.isfinite(outs[1]).all() and outs[1].stride() == q.stride()
     assert torch.equal(outs[0], outs[1]), rel(outs[1], outs[0])
 

@@ -480,16 +480,20 @@ def q_perm_enabled(T: int | None = None, variant: str = "pwt") -> bool:
     """Whether the Morton path hands attention() the caller's q with `perm` for T tokens: where the pair kernel
     runs (pisa / pwt from PAIR_MIN_BLOCKS KV blocks, PSA_CUTE_PAIR) its PAIR_Q_PERM (PSA_CUTE_PAIR_Q_PERM), else
     the one-block kernel's Q_PERM (PSA_CUTE_Q_PERM)."""
-    if T is not None and variant in ("pisa", "pwt") and _env_flag("PSA_CUTE_PAIR", -(-T // BS) >= PAIR_MIN_BLOCKS):
+    if _pair_runs(T, variant):
         return _env_flag("PSA_CUTE_PAIR_Q_PERM", PAIR_Q_PERM)
     return _env_flag("PSA_CUTE_Q_PERM", Q_PERM)
 
 
+def _pair_runs(T: int | None, variant: str) -> bool:
+    """Whether attention() takes the pair kernel for T tokens of `variant` (PAIR_MIN_BLOCKS, PSA_CUTE_PAIR)."""
+    return T is not None and variant in ("pisa", "pwt") and _env_flag("PSA_CUTE_PAIR", -(-T // BS) >= PAIR_MIN_BLOCKS)
+
+
 def out_perm_enabled(T: int | None = None, variant: str = "pwt") -> bool:
-    """Whether the Morton path hands attention() `perm` for the output rows of T tokens (no scatter pass): where the
-    pair kernel runs (as q_perm_enabled) its PAIR_OUT_PERM (PSA_CUTE_PAIR_OUT_PERM), else the one-block kernel's
-    OUT_PERM (PSA_CUTE_OUT_PERM)."""
-    if T is not None and variant in ("pisa", "pwt") and _env_flag("PSA_CUTE_PAIR", -(-T // BS) >= PAIR_MIN_BLOCKS):
+    """Whether the Morton path hands attention() `perm` for the output rows (no scatter): PAIR_OUT_PERM where the
+    pair kernel runs, else OUT_PERM (PSA_CUTE_PAIR_OUT_PERM / PSA_CUTE_OUT_PERM)."""
+    if _pair_runs(T, variant):
         return _env_flag("PSA_CUTE_PAIR_OUT_PERM", PAIR_OUT_PERM)
     return _env_flag("PSA_CUTE_OUT_PERM", OUT_PERM)
 

@@ -224,12 +224,14 @@ class TileOps:
         _store_rows does (recip_store: one reciprocal per row), converted into query stage c and made visible to
         the async proxy; then one thread stores the whole 64-row tile with TMA (rows past T are clipped by the
         tensor map) and waits until the stage has been read (the CTA's shared memory must outlive those reads)."""
+        recip = getattr(self, "recip_store", False)
         inv = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Float32)
-        for r in cutlass.range_constexpr(2):
-            inv[r] = 1.0 / row_sum[r]
+        if cutlass.const_expr(recip):
+            for r in cutlass.range_constexpr(2):
+                inv[r] = 1.0 / row_sum[r]
         tOsO = pv_thr.partition_C(sQ)[(None, None, None, c)]
         for e in cutlass.range_constexpr(cute.size(acc_o)):  # (element by element: no second register tile)
-            if cutlass.const_expr(getattr(self, "recip_store", False)):
+            if cutlass.const_expr(recip):
                 tOsO[e] = (acc_o[e] * inv[self._row_slot_e(e)]).to(sQ.element_type)
             else:
                 tOsO[e] = (acc_o[e] / row_sum[self._row_slot_e(e)]).to(sQ.element_type)
