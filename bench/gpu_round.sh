@@ -33,7 +33,10 @@
 # pieces), C21 (D15, C15, E), each carrying [".carry/cs1"]. Session 22: A23 (the exact pipeline's
 # depth under S_AHEAD), A24 (the select's interpolation search),
 # A25 (exact slots 4 -> 3, PAIR_Q_PERM as the node calls it), A26 and A27 (PAIR_OUT_PERM), A28 (the epilogue's
-# stores), A29 and A30 (the TMA-store epilogue). Next: A31, then C21.
+# stores), A29 and A30 (the TMA-store epilogue). Session 23: A31 (the forward tests on TMA_STORE, TMA_STORE_ONE at
+# FLUX.1, the pieces), C23 (TMA_STORE_ONE on: the one-block tests, then C21), A32 (cute vs Triton graphed), A33
+# (auto takes cute for graphed calls: its tests, the break-even table), A34 (the new test again; graphs to 20000
+# tokens, exploratory).
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
 # times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
@@ -768,6 +771,62 @@ A22)  # session 21's third call (carry .carry/cs1; ~9.5 min): A21's three failur
     PSA_CUTE_S_AHEAD_VT=1 timeout -k 10 $((580 - SECONDS)) python bench/pieces.py --out "$OUT/pieces_l" --morton \
         --flux-node --ditlike --shapes wan14,wan14_720,flux > "$OUT/pieces_l.log" 2>&1
     log "pieces rc=$?"
+    ;;
+A34)  # session 23's last call (carry .carry/cs1; ~2.5 min, the device time left): (1) A33's one failure was the new
+    # test's, which held every output (a replay never overwrites an output still held, so its calls ran eagerly;
+    # cute ran); it now keeps clones: that test alone; (2) exploratory, nothing ships: the break-even table with
+    # PSA_CUDA_GRAPH_MAX_TOKENS=20000, so FLUX.1 at 2048^2 (16896 tokens) goes through the graph cache too (its
+    # eager call costs ~0.05-0.25 ms of host time over the GPU's at 9728 tokens)
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    run_tests graphed_cute2 100 tests/test_cute_gpu.py -k "graph_cache_replays or auto"
+    log "breakeven, graphs up to 20000 tokens"
+    PSA_CUDA_GRAPH_MAX_TOKENS=20000 timeout -k 5 $((200 - SECONDS)) python bench/pieces.py --out "$OUT/be_graph20k" \
+        --shapes "" --breakeven > "$OUT/be_graph20k.log" 2>&1
+    log "breakeven rc=$?"
+    ;;
+A33)  # session 23's fourth call (carry .carry/cs1; ~3 min): A32 met its rule at every graphed size (cute's graphed
+    # median lower in >= 2 of 3 rounds at T 2816-9728, all three densities), so auto takes cute for calls the graph
+    # cache replays (dispatch._graphed, PSA_CUTE_MIN_TILES_GRAPHED=0); (1) the CuTe, graph and dispatch GPU tests on
+    # it (the new test_auto_takes_cute_for_small_calls_the_graph_cache_replays among them); (2) the break-even table
+    # on the new default, installed into nodes/ (prediction: the graphed rows at or below A32's cute arm, the eager
+    # rows Triton's as before)
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    run_tests graphed_cute 170 tests/test_cute_gpu.py tests/test_graphs_gpu.py tests/test_api_errors.py \
+        tests/test_nonfinite.py
+    log "breakeven"
+    timeout -k 5 100 python bench/pieces.py --out "$OUT/pieces_be" --shapes "" --breakeven --install-breakeven \
+        > "$OUT/pieces_be.log" 2>&1
+    log "breakeven rc=$?"
+    cp nodes/breakeven_h200.json "$OUT/" 2>/dev/null
+    ;;
+A32)  # session 23's third call (carry .carry/cs1; ~3.5 min): cute vs Triton where the node's calls replay from the
+    # CUDA-graph cache. Under backend auto cute skips problems below PSA_CUTE_MIN_TILES=100000 routed tiles for its
+    # ~0.13 ms of host-side argument conversion per call, which a graph replay does not pay; at FLUX.1 (26K tiles)
+    # A31 replayed cute in 0.268 ms against Triton's 0.287. The break-even table (the node's call, graphed and eager)
+    # with the default and with PSA_CUTE_MIN_TILES=0, alternated, 3 rounds each. Rule set now: cute for graphed calls
+    # at the sizes where its graphed median is lower in >= 2 of 3 rounds, outputs as the GPU tests check them
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    for r in 1 2 3; do
+        for arm in tri cute; do
+            mt=100000; [ $arm = cute ] && mt=0
+            PSA_CUTE_MIN_TILES=$mt timeout -k 5 100 python bench/pieces.py --out "$OUT/be_${arm}_$r" --shapes "" \
+                --breakeven > "$OUT/be_${arm}_$r.log" 2>&1
+            log "breakeven $arm round $r rc=$?"
+        done
+    done
+    ;;
+C23)  # session 23's second call (carry .carry/cs1; ~9 min): A31 met TMA_STORE_ONE's rule (FLUX.1 replay 0.2933 ->
+    # 0.2682 ms, 5 of 5), so it is the default; (1) the forward GPU tests outside the pair kernel's file on it (the
+    # one-block kernel's: FLUX.1-sized calls, non-finite inputs, graphs), cut at 150 s; (2) C21 on the new defaults
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    run_tests one_tma 150 tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
+    WEB_TIMEOUT=120 bash "$0" D15
+    log "breakeven"
+    timeout -k 5 150 python bench/pieces.py --out "$OUT/pieces_be" --shapes "" --breakeven --install-breakeven \
+        > "$OUT/pieces_be.log" 2>&1
+    log "breakeven rc=$?"
+    cp nodes/breakeven_h200.json "$OUT/" 2>/dev/null
+    DIT_TIMEOUT=$((585 - SECONDS)) bash "$0" E  # this shell's clock: a nested call's SECONDS starts at 0
     ;;
 C21)  # session 21's last call (carry .carry/cs1; ~6 min): S_AHEAD_VT on (A22) through the node's speed-up curve
     # (D15), the break-even table (C15, installed into nodes/) and the DiT step (E)
