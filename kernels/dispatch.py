@@ -128,10 +128,12 @@ def select_backend(q, cfg, requested: str = "auto", *, k=None, v=None) -> tuple[
         reason = unavailable_reason(name, q, cfg) or grad_reason(name, q, k, v)
         if reason is None:
             # a backend that can run may still prefer not to under "auto" (e.g. too small to pay its
-            # launch cost); an explicit request runs it anyway
+            # launch cost, which a call replayed from the CUDA-graph cache does not pay); an explicit request
+            # runs it anyway
             skip = getattr(_module(name), "auto_skip_reason", None)
             try:
-                reason = skip(q, cfg) if (skip is not None and q is not None) else None
+                reason = (skip(q, cfg, graphed=_graphed(q, k, v)) if (skip is not None and q is not None)
+                          else None)
             except Exception as e:  # a broken heuristic never breaks dispatch
                 reason = None
                 log_once(f"autoskip:{name}", "piecewise_sparse_attention: %s auto_skip_reason raised %s: %s",
@@ -140,6 +142,15 @@ def select_backend(q, cfg, requested: str = "auto", *, k=None, v=None) -> tuple[
             return name, ("; ".join(skipped) if skipped else None)
         skipped.append(reason)
     return "torch", "; ".join(skipped)
+
+
+def _graphed(q, k, v) -> bool:
+    """Whether kernels.api will run this call through the CUDA-graph cache (kernels/graphs.py's one policy):
+    then a backend's per-call host work is paid once at capture, not at every call."""
+    if k is None or v is None or not isinstance(q, torch.Tensor) or not q.is_cuda:
+        return False
+    from . import graphs  # graphs imports this module
+    return graphs.graph_reason(q, k, v) is None
 
 
 def backend_status(q=None, cfg=None) -> dict[str, str | None]:

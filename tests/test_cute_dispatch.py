@@ -163,3 +163,46 @@ def test_auto_skip_reason_keeps_small_problems_off_cute(monkeypatch):
     assert kc.auto_skip_reason(wan, cfg) is None
     monkeypatch.setenv("PSA_CUTE_MIN_TILES", "0")
     assert kc.auto_skip_reason(flux, cfg) is None
+
+
+def test_auto_skip_reason_graphed_calls_have_their_own_floor(monkeypatch):
+    """A call replayed from the CUDA-graph cache pays no host-side conversion: the eager floor does not apply
+    (H200 session 23: cute ahead of Triton graphed at every break-even size), PSA_CUTE_MIN_TILES_GRAPHED does."""
+    from kernels import cute as kc
+    from kernels.config import SparseConfig
+    monkeypatch.delenv("PSA_CUTE_MIN_TILES", raising=False)
+    monkeypatch.delenv("PSA_CUTE_MIN_TILES_GRAPHED", raising=False)
+    cfg = SparseConfig(density=0.2, variant="pwt", scale=128 ** -0.5)
+    flux = torch.empty(1, 24, 4608, 128, device="meta", dtype=torch.bfloat16)
+    assert "PSA_CUTE_MIN_TILES=100000" in kc.auto_skip_reason(flux, cfg)
+    assert kc.auto_skip_reason(flux, cfg, graphed=True) is None
+    monkeypatch.setenv("PSA_CUTE_MIN_TILES_GRAPHED", "1e9")
+    why = kc.auto_skip_reason(flux, cfg, graphed=True)
+    assert why is not None and "PSA_CUTE_MIN_TILES_GRAPHED=1000000000" in why
+    monkeypatch.setenv("PSA_CUTE_MIN_TILES_GRAPHED", "not a number")  # a bad value keeps the default
+    assert kc.auto_skip_reason(flux, cfg, graphed=True) is None
+
+
+def test_auto_tells_the_skip_rule_whether_the_graph_cache_takes_the_call(monkeypatch):
+    """select_backend passes kernels.graphs' own verdict (dispatch._graphed) to auto_skip_reason: CPU tensors and
+    calls without k / v are never graphed; a call the cache takes is."""
+    from kernels import graphs
+    seen = []
+
+    def skip(q, cfg, graphed=False):
+        seen.append(graphed)
+        return None if graphed else "too small eagerly"
+    fake = types.SimpleNamespace(available=lambda: True, unavailable_reason=lambda q, cfg: None,
+                                 auto_skip_reason=skip)
+    monkeypatch.setitem(dispatch._loaded, "cute", fake)
+    monkeypatch.delenv("PSA_BACKEND", raising=False)
+    q, k, v = qkv(seed=4)
+    name, why = dispatch.select_backend(q, CFG, "auto", k=k, v=v)  # CPU tensors: never graphed
+    assert seen == [False] and name != "cute" and "too small eagerly" in why
+    assert dispatch.select_backend(q, CFG, "auto")[0] != "cute" and seen[-1] is False  # no k, v: no verdict
+    monkeypatch.setattr(dispatch, "_graphed", lambda q, k, v: True)
+    assert dispatch.select_backend(q, CFG, "auto", k=k, v=v) == ("cute", None) and seen[-1] is True
+    # the real verdict is graphs.graph_reason's: PSA_CUDA_GRAPHS=0 turns graphing, and so the exemption, off
+    monkeypatch.undo()
+    monkeypatch.setenv("PSA_CUDA_GRAPHS", "0")
+    assert graphs.graph_reason(q, k, v) is not None and dispatch._graphed(q, k, v) is False

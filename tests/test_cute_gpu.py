@@ -112,6 +112,42 @@ def test_auto_keeps_small_problems_on_triton(monkeypatch):
     assert select_backend(q, cfg, "cute") == ("cute", None)  # an explicit request still runs it
 
 
+def test_auto_takes_cute_for_small_calls_the_graph_cache_replays(monkeypatch):
+    """Below PSA_CUTE_MIN_TILES, auto stays on Triton for eager calls but takes cute where kernels/graphs.py will
+    replay the call (no host-side conversion to pay); PSA_CUDA_GRAPHS=0 gives Triton back."""
+    from kernels import graphs
+    from kernels import piecewise_sparse_attention as psa
+    from kernels import triton as kt
+    from kernels.dispatch import select_backend
+    monkeypatch.delenv("PSA_BACKEND", raising=False)
+    monkeypatch.delenv("PSA_CUTE_MIN_TILES_GRAPHED", raising=False)
+    monkeypatch.setenv("PSA_CUTE_MIN_TILES", "100000")
+    q, k, v = (rnd((1, 2, 1000, 128), seed=57 + s) for s in range(3))
+    cfg = cfg_of(128, 0.125, "pwt")
+    assert select_backend(q, cfg, "auto", k=k, v=v) == ("cute", None)
+    from kernels import cute as kc
+    calls = []
+    real = kc._cute.attention
+
+    def spy(*a, **kw):
+        calls.append(a[0].shape)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(kc._cute, "attention", spy)
+    graphs.clear()
+    n0 = graphs.cache().counts["replays"]
+    # eager, capture, in-place capture, replay; clones, since a replay never overwrites an output still held
+    outs = [psa(q, k, v, density=0.125, variant="pwt").clone() for _ in range(5)]
+    assert calls, "auto did not run the cute kernel for a graphed call"
+    assert graphs.cache().counts["replays"] > n0
+    assert all(torch.equal(o, outs[0]) for o in outs[1:])
+    assert rel(outs[0], kt.forward(q, k, v, cfg)) <= TRITON_TOL
+    graphs.clear()
+    monkeypatch.setenv("PSA_CUDA_GRAPHS", "0")
+    name, why = select_backend(q, cfg, "auto", k=k, v=v)
+    assert name == "triton" and "PSA_CUTE_MIN_TILES=100000" in why
+
+
 def test_auto_dispatch_picks_cute_on_sm90(monkeypatch):
     from kernels import cute as kc
     from kernels import piecewise_sparse_attention as psa

@@ -130,26 +130,33 @@ def unavailable_reason(q, cfg) -> str | None:
     return None if why is None else f"cute backend: {why}"
 
 
-def _min_tiles() -> int:
+def _min_tiles(graphed: bool = False) -> int:
+    name, default = ("PSA_CUTE_MIN_TILES_GRAPHED", "0") if graphed else ("PSA_CUTE_MIN_TILES", "100000")
     try:
-        return int(float(os.environ.get("PSA_CUTE_MIN_TILES", "100000")))
+        return int(float(os.environ.get(name, default)))
     except ValueError:
-        return 100000
+        return int(default)
 
 
-def auto_skip_reason(q, cfg) -> str | None:
-    """Under backend="auto", small problems stay on Triton: each cute call pays ~0.13 ms of host-side
+def auto_skip_reason(q, cfg, graphed: bool = False) -> str | None:
+    """Under backend="auto", small problems called eagerly stay on Triton: each cute call pays ~0.13 ms of host-side
     argument conversion, which Triton's launcher does not (H200, FLUX.1 1024^2, 24 heads, T=4608, d=0.125,
     about 15.5K query-block x KV-block tiles: cute 0.92 ms vs Triton 0.72 ms for the whole operator; from
     Wan2.1-1.3B 480p, 393K tiles, on, cute is ahead; bench/results/cute_h200.md). PSA_CUTE_MIN_TILES moves
-    the threshold (0: always cute)."""
+    that threshold (0: always cute). `graphed`: the call goes through the CUDA-graph cache (kernels/graphs.py),
+    whose replays pay no host work, so only the GPU's time counts: there cute is ahead at every size the
+    break-even table measures (H200 session 23, bench/results/graphed_backend_s23_h200.txt: the node's call at
+    T 2816-9728, d 0.125-0.3, e.g. FLUX.1 at d 0.2 0.290 -> 0.271 ms), and PSA_CUTE_MIN_TILES_GRAPHED (default
+    0) is the threshold."""
     if cfg is None or q is None or q.dim() != 4:
         return None
     B, H, T, _ = q.shape
     n = -(-T // cfg.block_size)
     tiles = B * H * n * cfg.budget(n)
-    if tiles < _min_tiles():
-        return (f"cute backend: {tiles} routed tiles is below PSA_CUTE_MIN_TILES={_min_tiles()} (its host "
+    floor = _min_tiles(graphed)
+    if tiles < floor:
+        var = "PSA_CUTE_MIN_TILES_GRAPHED" if graphed else "PSA_CUTE_MIN_TILES"
+        return (f"cute backend: {tiles} routed tiles is below {var}={floor} (its host "
                 "launch cost loses to Triton on problems this small)")
     return None
 
