@@ -36,7 +36,7 @@
 # stores), A29 and A30 (the TMA-store epilogue). Session 23: A31 (the forward tests on TMA_STORE, TMA_STORE_ONE at
 # FLUX.1, the pieces), C23 (TMA_STORE_ONE on: the one-block tests, then C21), A32 (cute vs Triton graphed), A33
 # (auto takes cute for graphed calls: its tests, the break-even table), A34 (the new test again; graphs to 20000
-# tokens, exploratory).
+# tokens, exploratory), A35 (the break-even table, each cell the median of 3 rounds).
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
 # times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
@@ -772,7 +772,17 @@ A22)  # session 21's third call (carry .carry/cs1; ~9.5 min): A21's three failur
         --flux-node --ditlike --shapes wan14,wan14_720,flux > "$OUT/pieces_l.log" 2>&1
     log "pieces rc=$?"
     ;;
-A34)  # session 23's last call (carry .carry/cs1; ~2.5 min, the device time left): (1) A33's one failure was the new
+A35)  # session 23's last call (carry .carry/cs1; ~3 min, the device time left): A33's table has one slow cell (T 2816
+    # d 0.2: 0.298 ms graphed, where A32 measured 0.157-0.180 three times) that moves the node's break-even at d 0.2
+    # from ~3.1K to ~4.0K tokens; bench/pieces.py --breakeven now takes each cell's median of 3 alternated rounds:
+    # the table again, installed into nodes/
+    log "breakeven, 3 rounds"
+    timeout -k 5 $((300 - SECONDS)) python bench/pieces.py --out "$OUT/pieces_be" --shapes "" --breakeven \
+        --breakeven-rounds 3 --install-breakeven > "$OUT/pieces_be.log" 2>&1
+    log "breakeven rc=$?"
+    cp nodes/breakeven_h200.json "$OUT/" 2>/dev/null
+    ;;
+A34)  # session 23's fifth call (carry .carry/cs1; ~2.5 min, the device time left): (1) A33's one failure was the new
     # test's, which held every output (a replay never overwrites an output still held, so its calls ran eagerly;
     # cute ran); it now keeps clones: that test alone; (2) exploratory, nothing ships: the break-even table with
     # PSA_CUDA_GRAPH_MAX_TOKENS=20000, so FLUX.1 at 2048^2 (16896 tokens) goes through the graph cache too (its

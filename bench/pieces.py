@@ -286,6 +286,12 @@ def morton(shape, grid, density, backends, out, pkgs=("kernels",)):
     empty()
 
 
+def _median_ms(values):
+    """The median of the rounds that were timed (timed() leaves a failure's text instead), or None."""
+    ok = sorted(x for x in values if isinstance(x, float))
+    return ok[len(ok) // 2] if len(ok) % 2 else (0.5 * (ok[len(ok) // 2 - 1] + ok[len(ok) // 2]) if ok else None)
+
+
 def _graphs_env(on: bool):
     """PSA_CUDA_GRAPHS for the calls that follow: off times the eager call, on the call through kernels/graphs.py."""
     import os
@@ -354,12 +360,14 @@ def flux_node(density, backends, out):
     empty()
 
 
-def breakeven(outdir, install=False):
+def breakeven(outdir, install=False, rounds=3):
     """The node's sparse call (auto backend, Morton over a square image grid, 512 text tokens first as sink
     blocks) vs dense SDPA, FLUX-like 24 heads: the table nodes/breakeven_<gpu>.json the node's policy reads on
     this GPU model (written to `outdir`; `install`: also into nodes/). Its rows time the call as the node makes
     it (through the CUDA-graph cache where kernels/graphs.py allows); rows_eager the same call with
-    PSA_CUDA_GRAPHS=0."""
+    PSA_CUDA_GRAPHS=0. Each cell is the median of `rounds` rounds (each a do_bench median), the rounds alternated
+    over the cells of one size: one do_bench can catch a slow phase of the machine (session 23, A33: 0.298 ms in
+    a cell that three other runs put at 0.157-0.180), and the policy interpolates between neighbouring sizes."""
     from kernels import graphs
     from kernels import piecewise_sparse_attention as psa
     rows, rows_eager = [], []
@@ -368,17 +376,25 @@ def breakeven(outdir, install=False):
         T = 512 + side * side
         shape = (1, 24, T, 128) if DEV == "cuda" else (1, 2, T, 64)
         q, k, v = (rnd(shape, s) for s in range(3))
-        d = {}
-        dense = timed(d, f"T{T}_sdpa_ms", lambda: F.scaled_dot_product_attention(q, k, v))
+        d, got = {}, {}
+        for r in range(rounds):
+            tag_r = f"_r{r}" if rounds > 1 else ""
+            got.setdefault("dense", []).append(
+                timed(d, f"T{T}_sdpa{tag_r}_ms", lambda: F.scaled_dot_product_attention(q, k, v)))
+            for density in (0.125, 0.2, 0.3):
+                kw = dict(density=density, variant="pwt", n_sink_blocks=8, reorder="morton", grid=(side, side),
+                          n_prefix=512)
+                for on, tag in ((True, ""), (False, "_eager")):
+                    _graphs_env(on)
+                    got.setdefault((density, tag), []).append(
+                        timed(d, f"T{T}_d{density}{tag}{tag_r}_ms", lambda: psa(q, k, v, **kw)))
+                graphs.clear()
+        dense = _median_ms(got["dense"])
         for density in (0.125, 0.2, 0.3):
-            kw = dict(density=density, variant="pwt", n_sink_blocks=8, reorder="morton", grid=(side, side),
-                      n_prefix=512)
-            for on, dest, tag in ((True, rows, ""), (False, rows_eager, "_eager")):
-                _graphs_env(on)
-                t = timed(d, f"T{T}_d{density}{tag}_ms", lambda: psa(q, k, v, **kw))
-                if isinstance(t, float) and isinstance(dense, float):
+            for tag, dest in (("", rows), ("_eager", rows_eager)):
+                t = _median_ms(got[(density, tag)])
+                if t is not None and dense is not None:
                     dest.append([T, density, round(t, 4), round(dense, 4)])
-            graphs.clear()
         del q, k, v
         empty()
     _graphs_env(True)
@@ -387,6 +403,7 @@ def breakeven(outdir, install=False):
              "what": "pwt via kernels.piecewise_sparse_attention (backend auto, Morton, 512 text tokens as 8 sink "
                      "blocks; through the CUDA-graph cache up to PSA_CUDA_GRAPH_MAX_TOKENS, rows_eager without it) "
                      "vs F.scaled_dot_product_attention, bf16, median ms (bench/pieces.py --breakeven)",
+             "rounds": rounds,
              "rows": rows, "rows_eager": rows_eager}
     RES["breakeven"] = table
     name = f"breakeven_{_policy().gpu_slug(gpu)}.json"  # the file nodes/speed.py looks for on this GPU model
@@ -492,6 +509,8 @@ def main(argv=None):
     ap.add_argument("--breakeven", action="store_true")
     ap.add_argument("--install-breakeven", action="store_true",
                     help="with --breakeven: also write the table into nodes/, where the node reads it")
+    ap.add_argument("--breakeven-rounds", type=int, default=3,
+                    help="with --breakeven: each cell is the median of this many alternated rounds")
     ap.add_argument("--rep", type=int, default=100)
     ap.add_argument("--dry", action="store_true", help="CPU smoke test under TRITON_INTERPRET=1, tiny shapes")
     a = ap.parse_args(argv)
@@ -549,7 +568,7 @@ def main(argv=None):
         (outdir / "pieces.json").write_text(json.dumps(RES, indent=1, default=str))
     if a.breakeven:
         try:
-            breakeven(outdir, install=a.install_breakeven)
+            breakeven(outdir, install=a.install_breakeven, rounds=max(1, a.breakeven_rounds))
         except Exception:
             RES["breakeven_error"] = traceback.format_exc()
             traceback.print_exc()
