@@ -36,7 +36,7 @@
 # stores), A29 and A30 (the TMA-store epilogue). Session 23: A31 (the forward tests on TMA_STORE, TMA_STORE_ONE at
 # FLUX.1, the pieces), C23 (TMA_STORE_ONE on: the one-block tests, then C21), A32 (cute vs Triton graphed), A33
 # (auto takes cute for graphed calls: its tests, the break-even table), A34 (the new test again; graphs to 20000
-# tokens, exploratory), A35 (the break-even table, each cell the median of 3 rounds).
+# tokens, exploratory), A35 (the break-even table, each cell the median of 3 rounds), A36 (where Morton's cost goes).
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
 # times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
@@ -772,7 +772,20 @@ A22)  # session 21's third call (carry .carry/cs1; ~9.5 min): A21's three failur
         --flux-node --ditlike --shapes wan14,wan14_720,flux > "$OUT/pieces_l.log" 2>&1
     log "pieces rc=$?"
     ;;
-A35)  # session 23's last call (carry .carry/cs1; ~3 min, the device time left): A33's table has one slow cell (T 2816
+A36)  # session 23's last call (carry .carry/cs1; ~2.5 min, the device time left): diagnostic, nothing ships. Where the
+    # Morton reorder's cost goes as the node calls Wan2.1-14B with CuTe (run 30: 480p 6.840 raster -> 7.230 ms Morton
+    # in the node's layout, +5.7%; 720p +2.6%): bench/probes/morton_breakdown.py, each reorder's call alternated (3
+    # rounds), its kernels from torch.profiler, adjacent query blocks' shared fraction; random inputs at 480p and 720p,
+    # then DiT-like at 480p. Prediction: the statistics' block-order copies (+~0.25 ms of writes at 480p) and the
+    # scatter (~0.16 ms) make most of it; the attention kernel about even on random inputs
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    timeout -k 5 $((150 - SECONDS)) python bench/probes/morton_breakdown.py > "$OUT/morton_random.txt" 2>&1
+    log "morton random rc=$? $(grep -v RESULT "$OUT/morton_random.txt" | grep -v kernels: | cut -c1-900)"
+    PROBE_INPUTS=ditlike PROBE_SHAPES=wan14 timeout -k 5 $((215 - SECONDS)) python bench/probes/morton_breakdown.py \
+        > "$OUT/morton_ditlike.txt" 2>&1
+    log "morton ditlike rc=$? $(grep -v RESULT "$OUT/morton_ditlike.txt" | grep -v kernels: | cut -c1-900)"
+    ;;
+A35)  # session 23's sixth call (carry .carry/cs1; ~3 min, the device time left): A33's table has one slow cell (T 2816
     # d 0.2: 0.298 ms graphed, where A32 measured 0.157-0.180 three times) that moves the node's break-even at d 0.2
     # from ~3.1K to ~4.0K tokens; bench/pieces.py --breakeven now takes each cell's median of 3 alternated rounds:
     # the table again, installed into nodes/
