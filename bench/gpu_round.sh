@@ -37,7 +37,7 @@
 # FLUX.1, the pieces), C23 (TMA_STORE_ONE on: the one-block tests, then C21), A32 (cute vs Triton graphed), A33
 # (auto takes cute for graphed calls: its tests, the break-even table), A34 (the new test again; graphs to 20000
 # tokens, exploratory), A35 (the break-even table, each cell the median of 3 rounds), A36 (where Morton's cost goes).
-# Next: A37 (Nsight Compute on the statistics, raster and gathered).
+# Next: A37 (Nsight Compute on the statistics, raster and gathered; PSA_STATS_TMA_COPY's test and A/B).
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
 # times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
@@ -773,19 +773,33 @@ A22)  # session 21's third call (carry .carry/cs1; ~9.5 min): A21's three failur
         --flux-node --ditlike --shapes wan14,wan14_720,flux > "$OUT/pieces_l.log" 2>&1
     log "pieces rc=$?"
     ;;
-A37)  # next session (carry .carry/cs1; ~3 min): why the Morton path's statistics run at ~60% of their copy-rate bound
-    # (A36: 0.76 ms at 480p, 1.92 at 720p, against 0.47 / 1.09 for reading q, k, v and writing their block-order
-    # copies; raster 0.40 against 0.235 for the reads alone). Nsight Compute on _stats_h_kernel, raster and gathered, at
-    # 480p (bench/probes/route_ncu.py --stats [--gather]); read with bench/probes/ncu_table.py. Diagnostic, nothing ships
-    for arm in plain gather; do
-        flag=""; [ $arm = gather ] && flag="--gather"
-        timeout 120 ncu --kernel-name regex:"_stats_h_kernel" --launch-skip 1 --launch-count 1 --section SpeedOfLight \
-            --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
-            --section MemoryWorkloadAnalysis --csv python bench/probes/route_ncu.py --stats $flag --T 32760 \
-            > "$OUT/ncu_stats_$arm.csv" 2> "$OUT/ncu_stats_$arm.err"
+A37)  # next session's first call (carry .carry/cs1; ~5 min): why the Morton path's statistics run at ~60% of their
+    # copy-rate bound (A36: 0.76 ms at 480p, 1.92 at 720p, against 0.47 / 1.09 for reading q, k, v and writing their
+    # block-order copies; raster 0.40 against 0.235 for the reads alone), and PSA_STATS_TMA_COPY (stats_h.py TMA_G,
+    # built on the CPU in session 23: the copies through host TMA descriptors instead of per-thread stores; sm_90a
+    # with Triton 3.6: 255 registers, no spills, 73,984 bytes of shared memory, three TMA stores). (1) its GPU test
+    # (bitwise the per-thread stores, rows past T clipped, a strided head-chunk view, the whole operator); (2) Nsight
+    # Compute on _stats_h_kernel at 480p: raster, gathered, gathered with TMA copies (bench/probes/route_ncu.py
+    # --stats [--gather]; read with bench/probes/ncu_table.py); (3) switch_ab.py PSA_STATS_TMA_COPY as the node calls
+    # Wan2.1-14B (480p, 720p; CuTe), 5 rounds. Prediction: -0.05 to -0.15 ms at 480p if the per-thread stores are
+    # what holds the kernel (the profile says whether they are). Rule set now: on if the test passes, the outputs are
+    # bitwise equal and the call is faster in >= 4 of 5 rounds at both sizes
+    run_tests stats_tma 120 tests/test_triton_gpu.py -k "tma_copies"
+    for arm in plain gather gather_tma; do
+        flag=""; tma=0
+        [ $arm != plain ] && flag="--gather"
+        [ $arm = gather_tma ] && tma=1
+        PSA_STATS_TMA_COPY=$tma timeout 120 ncu --kernel-name regex:"_stats_h_kernel" --launch-skip 1 --launch-count 1 \
+            --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+            --section SchedulerStats --section MemoryWorkloadAnalysis --csv python bench/probes/route_ncu.py --stats \
+            $flag --T 32760 > "$OUT/ncu_stats_$arm.csv" 2> "$OUT/ncu_stats_$arm.err"
         log "ncu stats $arm rc=$? $(wc -l < "$OUT/ncu_stats_$arm.csv") lines"
     done
-    python bench/probes/ncu_table.py "$OUT/ncu_stats_plain.csv" "$OUT/ncu_stats_gather.csv" > "$OUT/ncu_stats.md" 2>&1
+    python bench/probes/ncu_table.py "$OUT"/ncu_stats_{plain,gather,gather_tma}.csv > "$OUT/ncu_stats.md" 2>&1
+    log "switch_ab PSA_STATS_TMA_COPY"
+    PROBE_ROUNDS=5 PROBE_BACKENDS=cute PROBE_SHAPES=wan14,wan14_720 timeout -k 10 $((585 - SECONDS)) \
+        python bench/probes/switch_ab.py PSA_STATS_TMA_COPY > "$OUT/switch_stats_tma_copy.txt" 2>&1
+    log "switch_ab rc=$? $(grep -v RESULT "$OUT/switch_stats_tma_copy.txt" | cut -c1-1500)"
     ;;
 A36)  # session 23's last call (carry .carry/cs1; ~2.5 min, the device time left): diagnostic, nothing ships. Where the
     # Morton reorder's cost goes as the node calls Wan2.1-14B with CuTe (run 30: 480p 6.840 raster -> 7.230 ms Morton

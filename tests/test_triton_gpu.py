@@ -121,6 +121,48 @@ def test_morton_gathered_in_the_statistics_kernel_as_the_node_calls_it(variant, 
     assert chunked.stride() == q.stride() and rel(chunked, sep) <= 1e-3 and rel(no_perm, sep) <= 1e-3
 
 
+@pytest.mark.parametrize("q_copy", [True, False], ids=["qkv_copies", "kv_copies"])
+def test_statistics_tma_copies_equal_the_per_thread_stores(q_copy, monkeypatch):
+    """PSA_STATS_TMA_COPY (kernels/triton/stats_h.py, session 23): the Morton path's block-order copies written
+    through TMA descriptors are bitwise the per-thread stores' (rows past T clipped by the descriptor: the grid's
+    token count is no multiple of 64), and so are the statistics; a head chunk (a strided view of the copy buffer)
+    and the whole operator as the node calls it too."""
+    from kernels import triton as kt
+    from kernels.reorder import full_order, orders_on
+    from kernels.triton import stats as kts
+    from kernels.triton import stats_h
+    grid, npre, (B, H, D) = MORTON_GRID, MORTON_PREFIX, MORTON_BHD
+    T = npre + math.prod(grid)
+    assert T % 64
+    q, k, v = node_layout_qkv(B, T, H, D, seed=97)
+    cfg = cfg_of(D, 0.125, "pwt")
+    fperm = full_order(orders_on(grid, "cuda")[0], npre)
+    runs = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("PSA_STATS_TMA_COPY", flag)
+        assert stats_h.tma_copy_enabled(q.device) == (flag == "1")
+        g = torch.full((3, B, H + 1, T, D), float("nan"), device="cuda", dtype=q.dtype)
+        qg, kg, vg = g[0, :, :H], g[1, :, :H], g[2, :, :H]  # views with the chunked path's strides
+        st = kts.block_stats(q, k, v, cfg, perm=fperm, gathered=(qg if q_copy else None, kg, vg))
+        runs[flag] = (g, st)
+    (g0, s0), (g1, s1) = runs["0"], runs["1"]
+    want = torch.stack([x[:, :, fperm.long()] for x in (q, k, v)])
+    for i in range(3):
+        if i == 0 and not q_copy:
+            assert torch.isnan(g1[0]).all()  # q's copy is not written
+            continue
+        assert torch.equal(g1[i, :, :H], g0[i, :, :H]) and torch.equal(g1[i, :, :H], want[i])
+        assert torch.isnan(g1[i, :, H]).all()  # nothing past the view
+    for name in ("kbar", "qbar", "q2", "ksig2", "kbar_lp", "vmean_lp", "hpart"):
+        assert torch.equal(getattr(s1, name), getattr(s0, name)), name
+    perm = orders_on(grid, "cuda")[0]
+    outs = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("PSA_STATS_TMA_COPY", flag)
+        outs[flag] = kt.forward(q, k, v, cfg, perm=perm, n_prefix=npre)
+    assert torch.equal(outs["1"], outs["0"])
+
+
 @pytest.mark.parametrize("reorder", ["none", "morton"])
 def test_token_major_output_as_the_node_asks_for_it(reorder, monkeypatch):
     """out_layout="bthd" (the node's FLUX call: [B, H, L, D] in, the output written token-major so that ComfyUI's

@@ -17,7 +17,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from kernels.triton import bwd, fwd, route, select, stats, stats2  # noqa: E402
+from kernels.triton import bwd, fwd, route, select, stats, stats2, stats_h  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
@@ -98,6 +98,15 @@ compile_one("stats_pwt_gather_kv", stats._block_stats_kernel,
              **{n: F32 for n in ("KBAR", "KSIG2", "QBAR", "Q2")}, "FIN": I32, "PERM": I32},
             dict(D=128, DB=64, BS=64, NEED_PWT=True, NEED_V=True, NEED_FIN=True, HAS_PERM=True, PREFETCH=False,
                  GATHER=True, GATHER_Q=False), 4, 1)
+# the one-pass statistics (statistics + H partials, stats_h.py) as the Morton path runs them on the H200: all three
+# block-order copies written per thread, and through host TMA descriptors (PSA_STATS_TMA_COPY, session 23)
+sh_types = {**{n: BF for n in ("Q", "K", "V", "LP", "QG", "KG", "VG", "QGD", "KGD", "VGD")},
+            **{n: F32 for n in ("ST32", "HPART")}, "PERM": I32}
+sh_const = dict(D=128, BS=64, NEED_PWT=True, HAS_PERM=True, GATHER=True, GATHER_Q=True, LOWP=True, PREC=1, STAGES=3)
+compile_one("stats_h_pwt_gather_qkv", stats_h._stats_h_kernel, sh_types, dict(sh_const, TMA_G=0), 8, 3)
+desc = "tensordesc<bf16[1,1,64,128]>"
+compile_one("stats_h_pwt_gather_qkv_tma", stats_h._stats_h_kernel, {**sh_types, "QGD": desc, "KGD": desc, "VGD": desc},
+            dict(sh_const, TMA_G=1), 8, 3)
 # the routing select kernel at Wan2.1-14B 720p (a row in two pieces) and 480p (one piece), one warp
 sel_types = {"SCORE": F32, "IDX": I32, "VBIAS": "*fp16"}
 compile_one("select_pieces_1024_256", select._select_pieces_kernel, sel_types,

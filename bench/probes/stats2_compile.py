@@ -27,7 +27,7 @@ def comp(fn, types, constexprs, warps, stages=1):
     sp = re.findall(r"(\d+) bytes spill stores", p.stderr)
     return dict(regs=regs, spill=sp, shared=k.metadata.shared,
                 async_copies=ttg.count("async_copy_global_to_local"), tma=ttg.count("async_tma_copy"),
-                wgmma=ttg.count("warp_group_dot"), cp_async_ptx=k.asm["ptx"].count("cp.async.cg")
+                wgmma=ttg.count("warp_group_dot"), tma_store_ptx=k.asm["ptx"].count("cp.async.bulk.tensor"), cp_async_ptx=k.asm["ptx"].count("cp.async.cg")
                 + k.asm["ptx"].count("cp.async.ca"))
 
 
@@ -54,10 +54,13 @@ if __name__ == "__main__":
             print("tc drop q,k db", db, "w", w, "stages", ns, comp(stats2._qk_sums_tc_kernel, ST, c, w, ns))
     if "fused" in which:  # stats_h._stats_h_kernel: statistics + H partials in one pass
         from kernels.triton import stats_h
-        SH = dict(ST, ST32=F, LP=BF)
-        for pwt, perm, gq, stages in ((True, False, False, 3), (True, False, False, 2), (False, False, False, 3),
-                                      (True, True, True, 3), (True, True, False, 3)):
+        SH = dict(ST, ST32=F, LP=BF, QGD=BF, KGD=BF, VGD=BF)
+        DESC = "tensordesc<bf16[1,1,64,128]>"
+        SHT = dict(SH, QGD=DESC, KGD=DESC, VGD=DESC)  # TMA_G: the copies through host TMA descriptors (session 23)
+        for pwt, perm, gq, stages, tma in ((True, False, False, 3, 0), (True, False, False, 2, 0),
+                                           (False, False, False, 3, 0), (True, True, True, 3, 0),
+                                           (True, True, False, 3, 0), (True, True, True, 3, 1)):
             c = dict(D=128, BS=64, NEED_PWT=pwt, HAS_PERM=perm, GATHER=perm, GATHER_Q=gq, LOWP=True, PREC=1,
-                     STAGES=stages)
-            print("fused pwt", pwt, "perm+gather", perm, "q copy", gq, "stages", stages,
-                  comp(stats_h._stats_h_kernel, SH, c, 8, stages))
+                     STAGES=stages, TMA_G=tma)
+            print("fused pwt", pwt, "perm+gather", perm, "q copy", gq, "stages", stages, "tma copies", tma,
+                  comp(stats_h._stats_h_kernel, SHT if tma else SH, c, 8, stages))

@@ -249,8 +249,13 @@ def _tuner(device, tma: bool):
 
 
 def _descs(q, k, v, bs):
-    D = q.shape[-1]
-    return tuple(TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, bs, D]) for x in (k, v))
+    return _descs_4d((k, v), bs)
+
+
+def _descs_4d(xs, bs):
+    """Host TMA descriptors of [B, H, T, D] tensors, boxes of one head's bs rows (also the statistics kernel's
+    block-order copies, kernels/triton/stats_h.py)."""
+    return tuple(TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, bs, x.shape[-1]]) for x in xs)
 
 
 def tma_aligned(x: torch.Tensor) -> bool:
