@@ -598,7 +598,8 @@ C15)  # session 15, last call (carry .carry/cs1): the break-even table on the sh
         > "$OUT/pieces_be.log" 2>&1
     log "breakeven rc=$?"
     cp nodes/breakeven_h200.json "$OUT/" 2>/dev/null
-    DIT_TIMEOUT=$((585 - SECONDS)) bash "$0" E
+    # C15_END: the caller's budget when C15 runs nested (a nested call's SECONDS starts at 0)
+    DIT_TIMEOUT=$((${C15_END:-585} - SECONDS)) bash "$0" E
     exit $?
     ;;
 D15)  # session 15 (carry .carry/cs1): the node's speed-up curve (bench_attention.py --sections web: the public API as
@@ -873,12 +874,7 @@ C23)  # session 23's second call (carry .carry/cs1; ~9 min): A31 met TMA_STORE_O
     python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
     run_tests one_tma 150 tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
     WEB_TIMEOUT=120 bash "$0" D15
-    log "breakeven"
-    timeout -k 5 150 python bench/pieces.py --out "$OUT/pieces_be" --shapes "" --breakeven --install-breakeven \
-        > "$OUT/pieces_be.log" 2>&1
-    log "breakeven rc=$?"
-    cp nodes/breakeven_h200.json "$OUT/" 2>/dev/null
-    DIT_TIMEOUT=$((585 - SECONDS)) bash "$0" E  # this shell's clock: a nested call's SECONDS starts at 0
+    C15_END=$((585 - SECONDS)) bash "$0" C15
     ;;
 C21)  # session 21's last call (carry .carry/cs1; ~6 min): S_AHEAD_VT on (A22) through the node's speed-up curve
     # (D15), the break-even table (C15, installed into nodes/) and the DiT step (E)

@@ -25,6 +25,7 @@ import datetime
 import importlib
 import inspect
 import json
+import statistics
 import sys
 import time
 import traceback
@@ -217,6 +218,16 @@ def pieces(label, pkg, backends, q, k, v, density, bw, out):
 # "split" is the default two-kernel design; "fold*" move the key / value statistics into the H-sum pass
 # (stats2._kv_hsum_kernel) with the statistics kernel on q only; "*tc*" take the column sums of q (and drop's k) on
 # tensor cores in a pipelined loop (stats2._qk_sums_tc_kernel)
+def adjacent_shared_fraction(idx) -> float:
+    """Mean over adjacent query-block pairs (2i, 2i + 1) of the share of block 2i's routed KV blocks that block
+    2i + 1 routes too (idx: [B, H, N, K], -1 padded): what the pair kernel's shared exact tiles can reuse."""
+    a, b = idx[..., 0::2, :].long(), idx[..., 1::2, :].long()
+    m = min(a.shape[-2], b.shape[-2])
+    a, b = a[..., :m, :], b[..., :m, :]
+    inter = ((a[..., :, None] == b[..., None, :]) & (a[..., :, None] >= 0)).any(-1).sum(-1).float()
+    return float((inter / (a >= 0).sum(-1).clamp(min=1)).mean())
+
+
 def ditlike(shape, grid, density, backends, out):
     """Exact part on DiT-like Morton-ordered inputs; share of KV blocks that adjacent query blocks have in common."""
     from kernels import triton as kt
@@ -230,11 +241,7 @@ def ditlike(shape, grid, density, backends, out):
     d = out.setdefault("ditlike_morton", {})
     cpwt, cdrop = cfg_of("pwt", density, D), cfg_of("drop", density, D)
     st, idx, vbias = kt.prepare(q, k, v, cpwt)
-    a, b = idx[..., 0::2, :].long(), idx[..., 1::2, :].long()
-    m = min(a.shape[-2], b.shape[-2])
-    a, b = a[..., :m, :], b[..., :m, :]
-    inter = ((a[..., :, None] == b[..., None, :]) & (a[..., :, None] >= 0)).any(-1).sum(-1).float()
-    d["adjacent_shared_fraction"] = float((inter / (a >= 0).sum(-1).clamp(min=1)).mean())
+    d["adjacent_shared_fraction"] = adjacent_shared_fraction(idx)
     say("  adjacent query blocks share", d["adjacent_shared_fraction"])
     outb = torch.empty_like(q)
     timed(d, "attn_triton_drop_ms", lambda: ktf.attention(q, k, v, outb, st, idx, vbias, cdrop))
@@ -288,8 +295,8 @@ def morton(shape, grid, density, backends, out, pkgs=("kernels",)):
 
 def _median_ms(values):
     """The median of the rounds that were timed (timed() leaves a failure's text instead), or None."""
-    ok = sorted(x for x in values if isinstance(x, float))
-    return ok[len(ok) // 2] if len(ok) % 2 else (0.5 * (ok[len(ok) // 2 - 1] + ok[len(ok) // 2]) if ok else None)
+    ok = [x for x in values if isinstance(x, float)]
+    return statistics.median(ok) if ok else None
 
 
 def _graphs_env(on: bool):

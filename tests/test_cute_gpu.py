@@ -112,6 +112,20 @@ def test_auto_keeps_small_problems_on_triton(monkeypatch):
     assert select_backend(q, cfg, "cute") == ("cute", None)  # an explicit request still runs it
 
 
+def _spy_cute_kernel(monkeypatch) -> list:
+    """The query shapes of every CuTe kernel launch from here on (kernels.cute's attention, wrapped)."""
+    from kernels import cute as kc
+    calls = []
+    real = kc._cute.attention
+
+    def spy(*a, **kw):
+        calls.append(a[0].shape)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(kc._cute, "attention", spy)
+    return calls
+
+
 def test_auto_takes_cute_for_small_calls_the_graph_cache_replays(monkeypatch):
     """Below PSA_CUTE_MIN_TILES, auto stays on Triton for eager calls but takes cute where kernels/graphs.py will
     replay the call (no host-side conversion to pay); PSA_CUDA_GRAPHS=0 gives Triton back."""
@@ -125,15 +139,7 @@ def test_auto_takes_cute_for_small_calls_the_graph_cache_replays(monkeypatch):
     q, k, v = (rnd((1, 2, 1000, 128), seed=57 + s) for s in range(3))
     cfg = cfg_of(128, 0.125, "pwt")
     assert select_backend(q, cfg, "auto", k=k, v=v) == ("cute", None)
-    from kernels import cute as kc
-    calls = []
-    real = kc._cute.attention
-
-    def spy(*a, **kw):
-        calls.append(a[0].shape)
-        return real(*a, **kw)
-
-    monkeypatch.setattr(kc._cute, "attention", spy)
+    calls = _spy_cute_kernel(monkeypatch)
     graphs.clear()
     n0 = graphs.cache().counts["replays"]
     # eager, capture, in-place capture, replay; clones, since a replay never overwrites an output still held
@@ -149,7 +155,6 @@ def test_auto_takes_cute_for_small_calls_the_graph_cache_replays(monkeypatch):
 
 
 def test_auto_dispatch_picks_cute_on_sm90(monkeypatch):
-    from kernels import cute as kc
     from kernels import piecewise_sparse_attention as psa
     from kernels import triton as kt
     from kernels.dispatch import select_backend
@@ -157,14 +162,7 @@ def test_auto_dispatch_picks_cute_on_sm90(monkeypatch):
     q, k, v = (rnd((1, 2, 1000, 128), seed=50 + s) for s in range(3))
     cfg = cfg_of(128, 0.125, "pwt")
     assert select_backend(q, cfg, "auto") == ("cute", None)
-    calls = []
-    real = kc._cute.attention
-
-    def spy(*a, **kw):
-        calls.append(a[0].shape)
-        return real(*a, **kw)
-
-    monkeypatch.setattr(kc._cute, "attention", spy)
+    calls = _spy_cute_kernel(monkeypatch)
     out = psa(q, k, v, density=0.125, variant="pwt")
     assert calls, "auto did not run the cute kernel"
     assert rel(out, kt.forward(q, k, v, cfg)) <= TRITON_TOL

@@ -26,6 +26,8 @@ import torch
 import triton
 
 sys.path.insert(0, ".")
+sys.path.insert(0, "bench")
+import pieces  # noqa: E402  (kernel_table, adjacent_shared_fraction)
 from kernels import piecewise_sparse_attention as psa  # noqa: E402
 
 ROUNDS = int(os.environ.get("PROBE_ROUNDS", "3"))
@@ -47,25 +49,9 @@ def inputs(grid):
     return [torch.randn(1, T, H, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2) for _ in range(3)]
 
 
-def kernels_of(call):
-    from torch.profiler import ProfilerActivity, profile
-    call()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        call()
-        torch.cuda.synchronize()
-    rows = []
-    for ev in prof.key_averages():
-        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
-        if t > 0:
-            rows.append([ev.key[:60], round(t / 1e3, 4), ev.count])
-    rows.sort(key=lambda r: -r[1])
-    return rows
-
-
 def shared_fraction(q, k, v, grid, reorder):
-    """Mean over adjacent query-block pairs (2i, 2i + 1) of |list_a & list_b| / |list_a|, the routing the call
-    makes (Morton: on the block-order copies)."""
+    """bench/pieces.py's adjacent_shared_fraction of the routing the call makes (Morton: on the block-order
+    copies)."""
     from kernels import triton as kt
     from kernels.config import SparseConfig
     from kernels.reorder import apply_reorder, orders_on
@@ -74,11 +60,7 @@ def shared_fraction(q, k, v, grid, reorder):
         perm = orders_on(grid, qq.device)[0]
         qq, kk, vv = (apply_reorder(x, perm) for x in (qq, kk, vv))
     cfg = SparseConfig(density=0.125, variant="pwt", scale=D ** -0.5)
-    idx = kt.prepare(qq, kk, vv, cfg)[1].long()  # [B, H, N, K], -1 padded
-    n = idx.shape[2] // 2 * 2
-    a, b = idx[:, :, 0:n:2], idx[:, :, 1:n:2]
-    inter = ((a[..., :, None] == b[..., None, :]) & (a[..., :, None] >= 0)).any(-1).sum(-1).float()
-    return float((inter / (a >= 0).sum(-1).clamp(min=1)).mean())  # as bench/pieces.py's ditlike
+    return pieces.adjacent_shared_fraction(kt.prepare(qq, kk, vv, cfg)[1])
 
 
 res = {"rounds": ROUNDS, "inputs": INPUTS, "backend": BACKEND, "gpu": torch.cuda.get_device_name(0),
@@ -98,7 +80,7 @@ for name, grid in SHAPES:
             d[f"{reorder}_r{r}_ms"] = triton.testing.do_bench(call, warmup=25, rep=400)
     for reorder, call in calls.items():
         d[f"{reorder}_median_ms"] = statistics.median(d[f"{reorder}_r{r}_ms"] for r in range(ROUNDS))
-        rows = kernels_of(call)
+        rows = [list(r) for r in pieces.kernel_table(call, top=50)]
         d[f"{reorder}_kernels"] = rows
         d[f"{reorder}_kernels_sum_ms"] = round(sum(r[1] for r in rows), 4)
         try:
