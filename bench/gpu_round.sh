@@ -37,7 +37,8 @@
 # FLUX.1, the pieces), C23 (TMA_STORE_ONE on: the one-block tests, then C21), A32 (cute vs Triton graphed), A33
 # (auto takes cute for graphed calls: its tests, the break-even table), A34 (the new test again; graphs to 20000
 # tokens, exploratory), A35 (the break-even table, each cell the median of 3 rounds), A36 (where Morton's cost goes).
-# Next: A37 (Nsight Compute on the statistics, raster and gathered; PSA_STATS_TMA_COPY's test and A/B).
+# Session 24: A37 (Nsight Compute on the statistics, raster and gathered; PSA_STATS_TMA_COPY's test and A/B: slower,
+# off), B37 (PSA_STATS_PERM_DEEP: the gathered statistics' pipeline depth).
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
 # times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
@@ -774,7 +775,30 @@ A22)  # session 21's third call (carry .carry/cs1; ~9.5 min): A21's three failur
         --flux-node --ditlike --shapes wan14,wan14_720,flux > "$OUT/pieces_l.log" 2>&1
     log "pieces rc=$?"
     ;;
-A37)  # next session's first call (carry .carry/cs1; ~5 min): why the Morton path's statistics run at ~60% of their
+B37)  # session 24's second call (carry .carry/cs1; ~5 min): PSA_STATS_PERM_DEEP (stats_h.py loop_stages, built after
+    # A37): A37's profile had the gathered statistics at 8.2 cycles per issued instruction (raster 4.9) with one
+    # program of 8 warps per SM, and their sm_90a TTGIR (Triton 3.6) shows why: the permuted loop's tile loads wait on
+    # the row indices' load, so at 3 stages the pipeliner gives q, k, v one shared-memory buffer (the raster loop two);
+    # 5 stages give two, 7 three (bench/probes/stats2_compile.py perm; 239 registers, no spills, 107,008 bytes). (1)
+    # its GPU test (bitwise the 3-stage build: copies, statistics, a head chunk, the whole operator); (2) the
+    # statistics alone (bench/probes/stats_h.py, PROBE_SWITCH: every layout, raster and node layouts being the
+    # unchanged control; the gathered depth swept at 480p and FLUX.1), 3 rounds; (3) switch_ab.py as the node calls
+    # it (Wan2.1-14B 480p / 720p, FLUX.1 replayed; CuTe), 5 rounds. Prediction: the gathered statistics 0.76 ->
+    # 0.50-0.55 ms at 480p (two buffers as the raster loop, plus the copies' writes), 1.9 -> ~1.3 at 720p; the node's
+    # call -0.2 / -0.5 ms. Rule set now: on if the test passes, the outputs are bitwise equal and the node's call is
+    # faster in >= 4 of 5 rounds at both Wan sizes with FLUX.1's median not slower
+    run_tests stats_deep 120 tests/test_triton_gpu.py -k "same_bits and morton_path"
+    log "stats_h.py PSA_STATS_PERM_DEEP"
+    PROBE_SWITCH=PSA_STATS_PERM_DEEP timeout -k 10 200 python bench/probes/stats_h.py --shapes wan14,wan14_720,flux \
+        > "$OUT/stats_perm_deep.txt" 2>&1
+    log "stats_h rc=$? $(grep -v RESULT "$OUT/stats_perm_deep.txt" | grep -v "vs float64" | cut -c1-2500)"
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    log "switch_ab PSA_STATS_PERM_DEEP"
+    PROBE_ROUNDS=5 PROBE_BACKENDS=cute PROBE_SHAPES=wan14,wan14_720,flux timeout -k 10 $((585 - SECONDS)) \
+        python bench/probes/switch_ab.py PSA_STATS_PERM_DEEP > "$OUT/switch_stats_perm_deep.txt" 2>&1
+    log "switch_ab rc=$? $(grep -v RESULT "$OUT/switch_stats_perm_deep.txt" | cut -c1-2500)"
+    ;;
+A37)  # session 24's first call (carry .carry/cs1; ~5 min): why the Morton path's statistics run at ~60% of their
     # copy-rate bound (A36: 0.76 ms at 480p, 1.92 at 720p, against 0.47 / 1.09 for reading q, k, v and writing their
     # block-order copies; raster 0.40 against 0.235 for the reads alone), and PSA_STATS_TMA_COPY (stats_h.py TMA_G,
     # built on the CPU in session 23: the copies through host TMA descriptors instead of per-thread stores; sm_90a

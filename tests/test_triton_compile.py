@@ -16,7 +16,7 @@ KERNELS = ["dq_pwt", "dq_pisa", "dq_drop", "dkdv_pwt", "dkdv_drop", "virt_pwt_bv
            "fwd_pwt_store_lse", "select_pieces_1024_256", "select_pieces_512", "stats_tc_drop",
            "fwd_pwt_morton_qo_perm_tma", "stats_pwt_gather_kv", "fwd_pwt_sm89_w8", "scores_pwt_bf16x3",
            "fwd_pwt_morton_qo_perm_tma_vt_peel", "fwd_pwt_vt_peel", "stats_h_pwt_gather_qkv",
-           "stats_h_pwt_gather_qkv_tma"]
+           "stats_h_pwt_gather_qkv_tma", "stats_h_pwt_gather_qkv_deep"]
 # spill-store bytes ptxas reports (triton 3.8; backward at 8 warps, measured 4 / 12 / 116 for dq pwt / dq pisa /
 # virt 64, 0 elsewhere): the virtual-token kernel's 64-token tile spills a little (its 32-token tile does not;
 # the autotuner picks between them on the GPU); the forward with the row statistics stored (training only, 4
@@ -24,11 +24,12 @@ KERNELS = ["dq_pwt", "dq_pisa", "dq_drop", "dkdv_pwt", "dkdv_drop", "virt_pwt_bv
 # earlier one that also copied q: 64); the forward reading q and writing the output through the permutation 0
 # (its output rows are read anew from the permutation: kept live from the start they spilled 168 bytes); the pointer
 # forward with the peeled virtual loop (PSA_TRITON_VT_PEEL) 12, against 32 for the plain one (Triton 3.6: 48 vs 60);
-# the one-pass statistics writing the Morton copies 112, through TMA descriptors (PSA_STATS_TMA_COPY) 144 (compiled
-# here without the launcher's divisibility hints; with them, on Triton 3.6 as the H200 runs it, neither spills:
-# bench/probes/stats2_compile.py fused)
+# the one-pass statistics writing the Morton copies 112 (two stages deeper, PSA_STATS_PERM_DEEP: 112), through TMA
+# descriptors (PSA_STATS_TMA_COPY) 144 (compiled here without the launcher's divisibility hints; with them, on
+# Triton 3.6 as the H200 runs it, none spills: bench/probes/stats2_compile.py fused / perm)
 MAX_SPILL = {"virt_pwt_bv64": 256, "dq_pwt": 16, "dq_pisa": 32, "fwd_pwt_store_lse": 64, "stats_pwt_gather_kv": 128,
-             "fwd_pwt_vt_peel": 16, "stats_h_pwt_gather_qkv": 128, "stats_h_pwt_gather_qkv_tma": 160}
+             "fwd_pwt_vt_peel": 16, "stats_h_pwt_gather_qkv": 128, "stats_h_pwt_gather_qkv_tma": 160,
+             "stats_h_pwt_gather_qkv_deep": 128}
 
 
 @pytest.fixture(scope="module")

@@ -121,12 +121,14 @@ def test_morton_gathered_in_the_statistics_kernel_as_the_node_calls_it(variant, 
     assert chunked.stride() == q.stride() and rel(chunked, sep) <= 1e-3 and rel(no_perm, sep) <= 1e-3
 
 
+@pytest.mark.parametrize("switch", ["PSA_STATS_TMA_COPY", "PSA_STATS_PERM_DEEP"], ids=["tma_copies", "perm_deep"])
 @pytest.mark.parametrize("q_copy", [True, False], ids=["qkv_copies", "kv_copies"])
-def test_statistics_tma_copies_equal_the_per_thread_stores(q_copy, monkeypatch):
-    """PSA_STATS_TMA_COPY (kernels/triton/stats_h.py, session 23): the Morton path's block-order copies written
-    through TMA descriptors are bitwise the per-thread stores' (rows past T clipped by the descriptor: the grid's
-    token count is no multiple of 64), and so are the statistics; a head chunk (a strided view of the copy buffer)
-    and the whole operator as the node calls it too."""
+def test_statistics_builds_of_the_morton_path_give_the_same_bits(switch, q_copy, monkeypatch):
+    """The Morton path's statistics with a switch on are bitwise its default build's: PSA_STATS_TMA_COPY
+    (kernels/triton/stats_h.py, session 23: the block-order copies written through TMA descriptors instead of
+    per-thread stores, rows past T clipped by the descriptor: the grid's token count is no multiple of 64) and
+    PSA_STATS_PERM_DEEP (session 24: the permuted loop two pipeline stages deeper). The copies, the statistics, a
+    head chunk (a strided view of the copy buffer) and the whole operator as the node calls it."""
     from kernels import triton as kt
     from kernels.reorder import full_order, orders_on
     from kernels.triton import stats as kts
@@ -139,8 +141,12 @@ def test_statistics_tma_copies_equal_the_per_thread_stores(q_copy, monkeypatch):
     fperm = full_order(orders_on(grid, "cuda")[0], npre)
     runs = {}
     for flag in ("0", "1"):
-        monkeypatch.setenv("PSA_STATS_TMA_COPY", flag)
-        assert stats_h.tma_copy_enabled(q.device) == (flag == "1")
+        monkeypatch.setenv(switch, flag)
+        if switch == "PSA_STATS_TMA_COPY":
+            assert stats_h.tma_copy_enabled(q.device) == (flag == "1")
+        else:
+            assert stats_h.loop_stages(True) == stats_h.STATS_H_STAGES + (stats_h.STATS_H_PERM_EXTRA if flag == "1"
+                                                                            else 0)
         g = torch.full((3, B, H + 1, T, D), float("nan"), device="cuda", dtype=q.dtype)
         qg, kg, vg = g[0, :, :H], g[1, :, :H], g[2, :, :H]  # views with the chunked path's strides
         st = kts.block_stats(q, k, v, cfg, perm=fperm, gathered=(qg if q_copy else None, kg, vg))
@@ -158,7 +164,7 @@ def test_statistics_tma_copies_equal_the_per_thread_stores(q_copy, monkeypatch):
     perm = orders_on(grid, "cuda")[0]
     outs = {}
     for flag in ("0", "1"):
-        monkeypatch.setenv("PSA_STATS_TMA_COPY", flag)
+        monkeypatch.setenv(switch, flag)
         outs[flag] = kt.forward(q, k, v, cfg, perm=perm, n_prefix=npre)
     assert torch.equal(outs["1"], outs["0"])
 

@@ -107,6 +107,9 @@ compile_one("stats_h_pwt_gather_qkv", stats_h._stats_h_kernel, sh_types, dict(sh
 desc = "tensordesc<bf16[1,1,64,128]>"
 compile_one("stats_h_pwt_gather_qkv_tma", stats_h._stats_h_kernel, {**sh_types, "QGD": desc, "KGD": desc, "VGD": desc},
             dict(sh_const, TMA_G=1), 8, 3)
+# ... and its loop two stages deeper (PSA_STATS_PERM_DEEP, session 24: the tiles' second shared-memory buffer)
+compile_one("stats_h_pwt_gather_qkv_deep", stats_h._stats_h_kernel, sh_types,
+            dict(sh_const, TMA_G=0, STAGES=3 + stats_h.STATS_H_PERM_EXTRA), 8, 3 + stats_h.STATS_H_PERM_EXTRA)
 # the routing select kernel at Wan2.1-14B 720p (a row in two pieces) and 480p (one piece), one warp
 sel_types = {"SCORE": F32, "IDX": I32, "VBIAS": "*fp16"}
 compile_one("select_pieces_1024_256", select._select_pieces_kernel, sel_types,

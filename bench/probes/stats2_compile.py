@@ -27,7 +27,8 @@ def comp(fn, types, constexprs, warps, stages=1):
     sp = re.findall(r"(\d+) bytes spill stores", p.stderr)
     return dict(regs=regs, spill=sp, shared=k.metadata.shared,
                 async_copies=ttg.count("async_copy_global_to_local"), tma=ttg.count("async_tma_copy"),
-                wgmma=ttg.count("warp_group_dot"), tma_store_ptx=k.asm["ptx"].count("cp.async.bulk.tensor"), cp_async_ptx=k.asm["ptx"].count("cp.async.cg")
+                wgmma=ttg.count("warp_group_dot"),
+                tile_buffers=re.findall(r"local_alloc : \(\) -> !ttg.memdesc<(\d+)x\d+x\d+x", ttg), tma_store_ptx=k.asm["ptx"].count("cp.async.bulk.tensor"), cp_async_ptx=k.asm["ptx"].count("cp.async.cg")
                 + k.asm["ptx"].count("cp.async.ca"))
 
 
@@ -64,3 +65,11 @@ if __name__ == "__main__":
                      STAGES=stages, TMA_G=tma)
             print("fused pwt", pwt, "perm+gather", perm, "q copy", gq, "stages", stages, "tma copies", tma,
                   comp(stats_h._stats_h_kernel, SHT if tma else SH, c, 8, stages))
+    if "perm" in which:  # the permuted loop's depth (PSA_STATS_PERM_DEEP, session 24): tile buffers per num_stages
+        from kernels.triton import stats_h
+        SH = dict(ST, ST32=F, LP=BF, QGD=BF, KGD=BF, VGD=BF)
+        for perm, stages in ((False, 3), (True, 3), (True, 4), (True, 5), (True, 7)):
+            c = dict(D=128, BS=64, NEED_PWT=True, HAS_PERM=perm, GATHER=perm, GATHER_Q=perm, LOWP=True, PREC=1,
+                     STAGES=stages, TMA_G=0)
+            print("fused pwt perm+gather (q copy)", perm, "stages", stages,
+                  comp(stats_h._stats_h_kernel, SH, c, 8, stages))

@@ -8,7 +8,8 @@ permutation, k and v copied in block order: `gathered=(None, kg, vg)`, as the Tr
 copied too, as CuTe does). The bound is one read of q, k and v (+ the copies' writes) at the card's copy bandwidth
 (measured first, as bench/pieces.py does). Also: both builds' outputs against each other and H-bar against float64,
 on random inputs and on keys with a large common offset (the raw K^T V minus its correction cancels there),
-then sweeps of the pipeline depth (PSA_STATS_H_STAGES), warps (8, 16) and programs per head (STATS_H_PARTS) at 480p and FLUX.1.
+then sweeps of the pipeline depth (PSA_STATS_H_STAGES; the gathered call's, STATS_H_PERM_EXTRA), warps (8, 16) and
+programs per head (STATS_H_PARTS) at 480p and FLUX.1.
 Prints `RESULT {...}` last. Session 14 ran two A/Bs with temporary modes of this probe: session 14's first loop
 against session 13's kernel (bench/results/stats_h_s14_h200.txt: op0 / op1 = old / new) and that loop with two
 programs per block range (stats_h_split_s14_h200.txt: op0 / op1 = one / two programs, measured slower, removed).
@@ -147,6 +148,21 @@ for name in names:
                 except Exception as e:  # shared memory
                     d[f"sweep_stages{stages}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
             stats_h.STATS_H_STAGES = keep[0]
+            # the permuted loop's depth (PSA_STATS_PERM_DEEP, session 24): the gathered call (q, k, v copied, as
+            # CuTe's Morton path) at STATS_H_STAGES + extra stages (sm_90a: 3 -> one tile buffer, 5 -> two, 7 -> three)
+            keep_deep, keep_extra = os.environ.get("PSA_STATS_PERM_DEEP"), stats_h.STATS_H_PERM_EXTRA
+            os.environ["PSA_STATS_PERM_DEEP"] = "1"
+            try:
+                c3 = stats_call(*node, cfg, "gather_kvq", perm, copies)
+                for extra in (0, 2, 4):
+                    stats_h.STATS_H_PERM_EXTRA = extra
+                    d[f"sweep_perm_stages{keep[0] + extra}_ms"] = replay_ms(c3)
+            finally:
+                stats_h.STATS_H_PERM_EXTRA = keep_extra
+                if keep_deep is None:
+                    os.environ.pop("PSA_STATS_PERM_DEEP", None)
+                else:
+                    os.environ["PSA_STATS_PERM_DEEP"] = keep_deep
             d["auto_parts"] = stats_h.parts_per_head(-(-T // 64), H, torch.cuda.get_device_properties(0)
                                                      .multi_processor_count)
             for parts in (2, 3, 4, 6, 8, 10, 13, 16, 20, 26, 32):

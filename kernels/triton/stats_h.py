@@ -263,6 +263,14 @@ def _stats_h_kernel(
 STATS_H_WARPS = int(os.environ.get("PSA_STATS_H_WARPS", "8") or 8)
 STATS_H_STAGES = int(os.environ.get("PSA_STATS_H_STAGES", "3") or 3)
 STATS_H_CTAS_PER_SM = int(os.environ.get("PSA_STATS_H_CTAS_PER_SM", "1") or 1)
+# the permuted loop (HAS_PERM: the Morton path) loads each block's 64 row indices before its q / k / v rows, so
+# Triton's pipeliner puts that chain over one more of the loop's stages and gives the tiles fewer buffers: sm_90a
+# TTGIR with Triton 3.6 (bench/probes/stats2_compile.py perm): 3 stages -> one tile buffer (the raster loop's at 3:
+# two), 5 -> two (107,008 bytes of shared memory, 239 registers, no spills), 7 -> three. Session 24's profile of
+# the gathered statistics at 480p (A37, bench/results/ncu_stats_s24_h200.md): 8.2 cycles per issued instruction against
+# the raster loop's 4.9, one program of 8 warps per SM: latency, not bandwidth. PSA_STATS_PERM_DEEP=1 adds
+# STATS_H_PERM_EXTRA stages there (read per call, in the CUDA-graph key); off until timed
+STATS_H_PERM_EXTRA = int(os.environ.get("PSA_STATS_H_PERM_EXTRA", "2") or 2)
 STATS_H_PARTS = int(os.environ.get("PSA_STATS_H_PARTS", "0") or 0)  # > 0: this many programs per head (sweeps)
 STATS_H_MAX_PARTS = 32  # [D, D] float32 partials per head at most (64 KB each: written once, summed once)
 
@@ -301,13 +309,24 @@ def stats_with_h(q, k, v, pm, strides, g_args, *, n, bs, need_pwt, has_perm, gat
     # the interpreter's bfloat16 dot is wrong: there every dot takes float32 operands (exact for these inputs)
     lowp = not _INTERPRET
     descs = _copy_descs(g_args[:3], bs, gather_q) if gather and tma_copy_enabled(q.device) else None
+    stages = loop_stages(has_perm)
     _stats_h_kernel[(p, HC, B)](
         q, k, v, pm, st32, lp, hpart, *g_args[:3], *(descs or g_args[:3]), *strides, *g_args[3:], HC, T, n, g, p,
         B * HC * n * D, D=D, BS=bs, NEED_PWT=need_pwt, HAS_PERM=has_perm, GATHER=gather, GATHER_Q=gather_q,
-        LOWP=lowp, PREC=0 if _INTERPRET else 1, STAGES=STATS_H_STAGES, TMA_G=int(descs is not None),
-        num_warps=STATS_H_WARPS, num_stages=STATS_H_STAGES,
+        LOWP=lowp, PREC=0 if _INTERPRET else 1, STAGES=stages, TMA_G=int(descs is not None),
+        num_warps=STATS_H_WARPS, num_stages=stages,
     )
     return st32, lp, hpart
+
+
+def perm_deep() -> bool:
+    return os.environ.get("PSA_STATS_PERM_DEEP", "0").strip() == "1"
+
+
+def loop_stages(has_perm: bool) -> int:
+    """The statistics loop's pipeline depth: STATS_H_STAGES, plus STATS_H_PERM_EXTRA for the permuted loop under
+    PSA_STATS_PERM_DEEP (its tiles then get as many shared-memory buffers as the raster loop's)."""
+    return STATS_H_STAGES + (STATS_H_PERM_EXTRA if has_perm and perm_deep() else 0)
 
 
 def tma_copy_enabled(device) -> bool:
