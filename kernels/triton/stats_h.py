@@ -268,8 +268,14 @@ STATS_H_CTAS_PER_SM = int(os.environ.get("PSA_STATS_H_CTAS_PER_SM", "1") or 1)
 # TTGIR with Triton 3.6 (bench/probes/stats2_compile.py perm): 3 stages -> one tile buffer (the raster loop's at 3:
 # two), 5 -> two (107,008 bytes of shared memory, 239 registers, no spills), 7 -> three. Session 24's profile of
 # the gathered statistics at 480p (A37, bench/results/ncu_stats_s24_h200.md): 8.2 cycles per issued instruction against
-# the raster loop's 4.9, one program of 8 warps per SM: latency, not bandwidth. PSA_STATS_PERM_DEEP=1 adds
-# STATS_H_PERM_EXTRA stages there (read per call, in the CUDA-graph key); off until timed
+# the raster loop's 4.9, one program of 8 warps per SM: latency, not bandwidth. PSA_STATS_PERM_DEEP (default on;
+# =0 turns it off, read per call, in the CUDA-graph key) adds STATS_H_PERM_EXTRA stages there. Session 24 on the H200
+# (B37, bench/results/stats_perm_deep_s24_h200.txt: graph replays, 3 alternated rounds, outputs bitwise equal, the
+# raster and node layouts unchanged): the gathered statistics with the q copy (CuTe's Morton path) 0.751 -> 0.598 ms
+# at Wan2.1-14B 480p (63% -> 79% of the copy-rate bound), 1.690 -> 1.340 at 720p, 0.0716 -> 0.0567 at FLUX.1, in
+# every round; 7 stages no faster than 5 (0.604 / 0.058 ms). The node's call (switch_stats_perm_deep_s24_h200.txt,
+# medians of 5 rounds): 480p 7.299 -> 7.201 ms (4 of 5 rounds), 720p 36.21 -> 35.02 (3 of 5; its rounds spread
+# 34.7-37.2 ms), FLUX.1 replayed 0.2677 -> 0.2506 (5 of 5)
 STATS_H_PERM_EXTRA = int(os.environ.get("PSA_STATS_H_PERM_EXTRA", "2") or 2)
 STATS_H_PARTS = int(os.environ.get("PSA_STATS_H_PARTS", "0") or 0)  # > 0: this many programs per head (sweeps)
 STATS_H_MAX_PARTS = 32  # [D, D] float32 partials per head at most (64 KB each: written once, summed once)
@@ -320,7 +326,7 @@ def stats_with_h(q, k, v, pm, strides, g_args, *, n, bs, need_pwt, has_perm, gat
 
 
 def perm_deep() -> bool:
-    return os.environ.get("PSA_STATS_PERM_DEEP", "0").strip() == "1"
+    return os.environ.get("PSA_STATS_PERM_DEEP", "1").strip() != "0"
 
 
 def loop_stages(has_perm: bool) -> int:
