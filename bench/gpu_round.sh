@@ -39,7 +39,8 @@
 # tokens, exploratory), A35 (the break-even table, each cell the median of 3 rounds), A36 (where Morton's cost goes).
 # Session 24: A37 (Nsight Compute on the statistics, raster and gathered; PSA_STATS_TMA_COPY's test and A/B: slower,
 # off), B37 (PSA_STATS_PERM_DEEP: the gathered statistics' pipeline depth), C37 (its confirmation at 720p, every
-# forward GPU test, the pieces), D37 (the node's curve, the break-even table, the DiT step).
+# forward GPU test, the pieces), D37 (the pieces, the node's curve, the break-even table, the DiT step), E37 (the pair
+# kernel below 512 KV blocks), F37 (the forward tests on PAIR_MIN_BLOCKS = 72, FLUX.1's A/B).
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
 # times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
@@ -775,6 +776,31 @@ A22)  # session 21's third call (carry .carry/cs1; ~9.5 min): A21's three failur
     PSA_CUTE_S_AHEAD_VT=1 timeout -k 10 $((580 - SECONDS)) python bench/pieces.py --out "$OUT/pieces_l" --morton \
         --flux-node --ditlike --shapes wan14,wan14_720,flux > "$OUT/pieces_l.log" 2>&1
     log "pieces rc=$?"
+    ;;
+F37)  # session 24's last call (carry .carry/cs1; ~4 min): E37 met its rule at 72 blocks, so PAIR_MIN_BLOCKS = 72:
+    # (1) every forward GPU test of the CuTe, pair, non-finite and graph files on it (FLUX-sized calls of pisa / pwt
+    # now take the pair kernel); (2) FLUX.1 as the node calls it, replayed, PSA_CUTE_PAIR 0 / 1, 5 rounds (E37 timed it
+    # through the graph cache, 3 rounds: 0.252 -> 0.245 ms at d 0.2)
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    run_tests fwd_pair72 260 tests/test_cute_pair_gpu.py tests/test_cute_gpu.py tests/test_nonfinite.py \
+        tests/test_graphs_gpu.py
+    log "switch_ab PSA_CUTE_PAIR --flux-only"
+    PROBE_ROUNDS=5 PROBE_BACKENDS=cute timeout -k 10 $((585 - SECONDS)) python bench/probes/switch_ab.py PSA_CUTE_PAIR \
+        --flux-only > "$OUT/switch_pair_flux.txt" 2>&1
+    log "switch_ab rc=$? $(grep -v RESULT "$OUT/switch_pair_flux.txt" | cut -c1-1500)"
+    ;;
+E37)  # session 24's fifth call (carry .carry/cs1; ~3 min): the pair kernel below PAIR_MIN_BLOCKS. Set in session 7 on the
+    # attention alone at 480p / 720p while small calls were host-bound; today they replay from CUDA graphs on CuTe and
+    # their GPU time counts (FLUX.1 replayed ~0.25 ms, ~0.17 of it the one-block kernel). bench/probes/pair_small.py:
+    # the node's call at the break-even sizes (2816-16896 tokens, d 0.125 / 0.2 / 0.3), PSA_CUTE_PAIR 0 / 1
+    # alternated, 3 rounds. Prediction: the pair kernel (virtual tiles read once per two query blocks, its TMA-store
+    # epilogue, S_AHEAD_VT) faster from ~4.6K tokens on, by up to ~10% of the call. Rule set now: PAIR_MIN_BLOCKS
+    # drops to the smallest size from which the pair kernel's median is lower at every density of that size and
+    # every larger one, in >= 2 of 3 rounds each, outputs within 1e-2 relative L2 (the reciprocal epilogue's rounding)
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    log "pair_small"
+    timeout -k 10 $((585 - SECONDS)) python bench/probes/pair_small.py > "$OUT/pair_small.txt" 2>&1
+    log "pair_small rc=$? $(grep -v RESULT "$OUT/pair_small.txt" | cut -c1-3000)"
     ;;
 C37)  # session 24's third call (carry .carry/cs1; ~8 min): PSA_STATS_PERM_DEEP is the default from B37 (its kernel
     # 0.751 -> 0.598 ms at 480p, 1.690 -> 1.340 at 720p, every round; the node's call 4 of 5 rounds at 480p, 5 of 5 at

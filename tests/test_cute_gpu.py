@@ -238,7 +238,11 @@ def test_morton_gathered_in_the_statistics_kernel_as_the_node_calls_it(variant, 
     this small problem runs 3 chunks of one head); with PSA_CUTE_OUT_PERM=1 the kernel writes the output rows
     through the permutation itself, straight into that layout; with PSA_CUTE_Q_PERM=1 it also reads the caller's
     query rows through it (only k and v copied). Same answer as gathering first and scattering after, at a
-    Wan-like odd grid with a 7-token prefix and B = 2."""
+    Wan-like odd grid with a 7-token prefix and B = 2. OUT_PERM and Q_PERM are the one-block kernel's (pinned with
+    PSA_CUTE_PAIR=0: at 122 blocks pisa / pwt take the pair kernel, whose permutation modes test_cute_pair_gpu.py
+    tests); the scatter mode runs the default kernel."""
+    if mode != "scatter":
+        monkeypatch.setenv("PSA_CUTE_PAIR", "0")
     monkeypatch.setenv("PSA_CUTE_OUT_PERM", "1" if mode == "out_perm" else "0")
     monkeypatch.setenv("PSA_CUTE_Q_PERM", "1" if mode == "q_perm" else "0")
     # one eager run counted: a CUDA-graph capture would rerun the host code (the scatters) of a key seen before

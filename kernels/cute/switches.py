@@ -35,8 +35,15 @@ Q_PERM = False
 # pisa / pwt: two query blocks per CTA reading the virtual-token tiles once (fwd_pair.py) from PAIR_MIN_BLOCKS KV
 # blocks on (PSA_CUTE_PAIR=1/0 forces it, PSA_CUTE_VT_STAGES its shared stages). H200, session 7 (cute_pair.py,
 # attention alone, alternated, pwt d 0.125): faster in every pairing, 480p (512 blocks) 6.83 / 7.04 vs 6.87 / 7.28 ms,
-# 720p (1182) 35.65 / 35.97 vs 38.46 / 37.04. Smaller problems (FLUX.1, 72 blocks) keep this kernel
-PAIR_MIN_BLOCKS = 512
+# 720p (1182) 35.65 / 35.97 vs 38.46 / 37.04, then 512 blocks on. Session 24 (E37, pair_small_s24_h200.txt: the
+# node's call at the break-even sizes, CuTe, replayed from CUDA graphs up to 16384 tokens, 3 alternated rounds,
+# medians, ms, one-block -> pair): 4608 tokens (72 blocks: FLUX.1 1024^2) 0.224 -> 0.217 / 0.252 -> 0.245 / 0.350 ->
+# 0.341 at d 0.125 / 0.2 / 0.3, 6912 0.347 -> 0.335 / 0.421 -> 0.408 / 0.596 -> 0.578, 9728 0.561 -> 0.539 / 0.742 ->
+# 0.719 / 1.035 -> 0.996, 16896 (eager) 1.716 -> 1.647 / 1.990 -> 1.859 / 2.571 -> 2.470, faster in 3 of 3 rounds
+# but one cell (2 of 3); 2816 tokens (44 blocks) 0.221 -> 0.176 / 0.198 -> 0.193 / 0.335 -> 0.348 (host-bound there,
+# and slower at d 0.3); outputs within 1.3e-5 relative L2 (the reciprocal epilogue). The rule set before timing (the
+# smallest size from which the pair kernel is faster at every density of it and of every larger size): 72 blocks
+PAIR_MIN_BLOCKS = 72
 # the pair build's epilogue multiplies by one reciprocal per row instead of dividing every element (session 8,
 # cute_pair.py, two rounds: 480p 6.74 / 6.82 ms vs 6.77 / 6.85, 720p 35.15 / 35.61 vs 35.44 / 35.76). Env
 # PSA_CUTE_RECIP_STORE=1/0 overrides.
@@ -166,8 +173,8 @@ PAIR_DROP = False
 # stores' output, pwt 480p 6.552 -> 6.285 ms (5 of 5 rounds), 720p 34.799 -> 33.950 (4 of 5): on. Not with the
 # output permutation (its rows are not a tile). PSA_CUTE_TMA_STORE=1/0 overrides
 TMA_STORE = True
-# the same epilogue in the one-block kernel (fwd.py, below the pair kernel's 512 KV blocks: FLUX.1, Wan2.1-1.3B at
-# small sizes; its query stage holds one tile), built on the CPU in session 22 after the device time. Session 23 (A31,
+# the same epilogue in the one-block kernel (fwd.py: drop, and pisa / pwt below the pair kernel's PAIR_MIN_BLOCKS,
+# 512 KV blocks until session 24, 72 since: FLUX.1 1024^2 took it then; its query stage holds one tile), built on the CPU in session 22 after the device time. Session 23 (A31,
 # tma_store_one_s23_h200.txt: FLUX.1 1024^2 as the node calls it, graph replay, 5 alternated rounds): 0.2933 ->
 # 0.2682 ms, faster in 5 of 5 rounds, outputs equal (max diff 0), its GPU test and every forward GPU test green
 # (229 passed): on. PSA_CUTE_TMA_STORE_ONE=1/0 overrides
