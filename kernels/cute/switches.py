@@ -42,7 +42,9 @@ Q_PERM = False
 # 0.719 / 1.035 -> 0.996, 16896 (eager) 1.716 -> 1.647 / 1.990 -> 1.859 / 2.571 -> 2.470, faster in 3 of 3 rounds
 # but one cell (2 of 3); 2816 tokens (44 blocks) 0.221 -> 0.176 / 0.198 -> 0.193 / 0.335 -> 0.348 (host-bound there,
 # and slower at d 0.3); outputs within 1.3e-5 relative L2 (the reciprocal epilogue). The rule set before timing (the
-# smallest size from which the pair kernel is faster at every density of it and of every larger size): 72 blocks
+# smallest size from which the pair kernel is faster at every density of it and of every larger size): 72 blocks.
+# F37: every forward GPU test on it (230 passed); FLUX.1 as the node calls it, replayed (switch_pair_flux_s24_h200.txt,
+# medians of 5 alternated rounds) 0.2519 -> 0.2454 ms, faster in 5 of 5
 PAIR_MIN_BLOCKS = 72
 # the pair build's epilogue multiplies by one reciprocal per row instead of dividing every element (session 8,
 # cute_pair.py, two rounds: 480p 6.74 / 6.82 ms vs 6.77 / 6.85, 720p 35.15 / 35.61 vs 35.44 / 35.76). Env
