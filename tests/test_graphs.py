@@ -184,9 +184,20 @@ def test_every_kernel_setting_read_at_call_time_changes_the_key(monkeypatch):
     # in the key, or a changed setting would replay a graph of the old build
     import re
     from pathlib import Path
-    src = (Path(__file__).resolve().parents[1] / "kernels" / "cute" / "fwd.py").read_text()
-    read = set(re.findall(r'"(PSA_[A-Z0-9_]+)"', src))
+    kdir = Path(__file__).resolve().parents[1] / "kernels"
+    read = set(re.findall(r'"(PSA_[A-Z0-9_]+)"', (kdir / "cute" / "fwd.py").read_text()))
     assert read and read <= set(graphs._ENV_IN_KEY), sorted(read - set(graphs._ENV_IN_KEY))
+    # the Triton side: every PSA_ name a function of kernels/triton/ reads (per call; module-level knobs are fixed
+    # for the process), e.g. stats_h.py's PSA_STATS_PERM_DEEP
+    import ast
+    called = set()
+    for f in (kdir / "triton").glob("*.py"):
+        for fn in ast.walk(ast.parse(f.read_text())):
+            if isinstance(fn, ast.FunctionDef):
+                called |= {n.value for n in ast.walk(fn) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                           and re.fullmatch(r"PSA_[A-Z0-9_]+", n.value)}
+    assert {"PSA_STATS_PERM_DEEP", "PSA_MORTON_SCRATCH"} <= called
+    assert called <= set(graphs._ENV_IN_KEY), sorted(called - set(graphs._ENV_IN_KEY))
     cfg = SparseConfig(density=0.2, scale=0.25)
     q, k, v = _qkv((1, 2, 128, 16))
     for name in graphs._ENV_IN_KEY:

@@ -8,6 +8,7 @@ from driver import run_driver
 
 pytest.importorskip("triton")
 
+from kernels.triton import stats_h  # noqa: E402
 from kernels.triton.stats_h import parts_per_head  # noqa: E402
 
 TOL32 = 1e-5  # float32 arithmetic (the interpreter runs every dot in float32)
@@ -85,3 +86,20 @@ def test_parts_per_head_never_leaves_a_program_empty():
             g = -(-n // p)
             assert 1 <= p <= max(min(n, 32), -(-n // 128)) and -(-n // g) == p and (p - 1) * g < n, (n, bh, p)
             assert g <= 128, (n, bh, p)  # a program's value sums fit its [D, D] partial
+
+
+@pytest.mark.parametrize("cap, deep", [((9, 0), True), ((8, 9), False), ((8, 0), False), ((10, 0), False)])
+def test_the_permuted_loop_runs_deeper_on_sm90_only(cap, deep, monkeypatch):
+    """PSA_STATS_PERM_DEEP: two more stages for the permuted statistics loop where it was timed (SM90); before Hopper
+    that build needs 147 KB of shared memory (an RTX 4090 has 99 KB), elsewhere it is untimed; =0 turns it off; the
+    raster loop and the CPU never change."""
+    import torch
+    monkeypatch.setattr(stats_h, "_INTERPRET", False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap)
+    gpu, base, extra = torch.device("cuda", 0), stats_h.STATS_H_STAGES, stats_h.STATS_H_PERM_EXTRA
+    monkeypatch.delenv("PSA_STATS_PERM_DEEP", raising=False)
+    assert stats_h.loop_stages(True, gpu) == base + extra * deep
+    assert stats_h.loop_stages(False, gpu) == base
+    assert stats_h.loop_stages(True, torch.device("cpu")) == base
+    monkeypatch.setenv("PSA_STATS_PERM_DEEP", "0")
+    assert stats_h.loop_stages(True, gpu) == base

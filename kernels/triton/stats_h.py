@@ -275,8 +275,12 @@ STATS_H_CTAS_PER_SM = int(os.environ.get("PSA_STATS_H_CTAS_PER_SM", "1") or 1)
 # at Wan2.1-14B 480p (63% -> 79% of the copy-rate bound), 1.690 -> 1.340 at 720p, 0.0716 -> 0.0567 at FLUX.1, in
 # every round; 7 stages no faster than 5 (0.604 / 0.058 ms). The node's call (switch_stats_perm_deep_s24_h200.txt,
 # medians of 5 rounds): 480p 7.299 -> 7.201 ms (4 of 5 rounds), 720p 36.21 -> 35.02 (3 of 5; its rounds spread
-# 34.7-37.2 ms), FLUX.1 replayed 0.2677 -> 0.2506 (5 of 5)
+# 34.7-37.2 ms), FLUX.1 replayed 0.2677 -> 0.2506 (5 of 5); C37, 720p replayed, 7 rounds: 36.65 -> 36.49 (6 of 7).
+# SM90 only (PERM_DEEP_ARCH): before Hopper the pipeliner already gives the permuted loop two buffers at 3 stages,
+# and 5 stages would take 147,456 bytes of shared memory (sm_80 / 86 / 89, Triton 3.6), past the 99 KB of an RTX
+# 3090 / 4090; other architectures are untimed
 STATS_H_PERM_EXTRA = int(os.environ.get("PSA_STATS_H_PERM_EXTRA", "2") or 2)
+PERM_DEEP_ARCH = (9,)  # compute capability majors where PSA_STATS_PERM_DEEP applies
 STATS_H_PARTS = int(os.environ.get("PSA_STATS_H_PARTS", "0") or 0)  # > 0: this many programs per head (sweeps)
 STATS_H_MAX_PARTS = 32  # [D, D] float32 partials per head at most (64 KB each: written once, summed once)
 
@@ -315,7 +319,7 @@ def stats_with_h(q, k, v, pm, strides, g_args, *, n, bs, need_pwt, has_perm, gat
     # the interpreter's bfloat16 dot is wrong: there every dot takes float32 operands (exact for these inputs)
     lowp = not _INTERPRET
     descs = _copy_descs(g_args[:3], bs, gather_q) if gather and tma_copy_enabled(q.device) else None
-    stages = loop_stages(has_perm)
+    stages = loop_stages(has_perm, q.device)
     _stats_h_kernel[(p, HC, B)](
         q, k, v, pm, st32, lp, hpart, *g_args[:3], *(descs or g_args[:3]), *strides, *g_args[3:], HC, T, n, g, p,
         B * HC * n * D, D=D, BS=bs, NEED_PWT=need_pwt, HAS_PERM=has_perm, GATHER=gather, GATHER_Q=gather_q,
@@ -325,21 +329,26 @@ def stats_with_h(q, k, v, pm, strides, g_args, *, n, bs, need_pwt, has_perm, gat
     return st32, lp, hpart
 
 
-def perm_deep() -> bool:
-    return os.environ.get("PSA_STATS_PERM_DEEP", "1").strip() != "0"
+def perm_deep(device) -> bool:
+    """PSA_STATS_PERM_DEEP (default on) on a GPU of PERM_DEEP_ARCH; never under the interpreter or on the CPU."""
+    if _INTERPRET or device.type != "cuda" or os.environ.get("PSA_STATS_PERM_DEEP", "1").strip() == "0":
+        return False
+    return torch.cuda.get_device_capability(device)[0] in PERM_DEEP_ARCH
 
 
-def loop_stages(has_perm: bool) -> int:
-    """The statistics loop's pipeline depth: STATS_H_STAGES, plus STATS_H_PERM_EXTRA for the permuted loop under
-    PSA_STATS_PERM_DEEP (its tiles then get as many shared-memory buffers as the raster loop's)."""
-    return STATS_H_STAGES + (STATS_H_PERM_EXTRA if has_perm and perm_deep() else 0)
+def loop_stages(has_perm: bool, device) -> int:
+    """The statistics loop's pipeline depth on `device`: STATS_H_STAGES, plus STATS_H_PERM_EXTRA for the permuted
+    loop where perm_deep holds (its tiles then get as many shared-memory buffers as the raster loop's)."""
+    return STATS_H_STAGES + (STATS_H_PERM_EXTRA if has_perm and perm_deep(device) else 0)
 
 
 def tma_copy_enabled(device) -> bool:
     """PSA_STATS_TMA_COPY=1: the Morton path's block-order copies leave the statistics kernel through TMA stores
     (host descriptors, kernels/triton/fwd.py's probe that TMA works on this device) instead of per-thread stores.
-    Session 23 (A36): the gathered statistics take 0.76 ms at Wan2.1-14B 480p against 0.47 for their bytes at the
-    copy rate (raster: 0.40 against 0.235). Built on the CPU in session 23 (sm_90a compile only): off until timed."""
+    Built in session 23 for the gathered statistics' 0.76 ms at Wan2.1-14B 480p (0.47 for their bytes at the copy
+    rate). Session 24 on the H200 (A37): slower, 0.889 -> 0.957 ms under Nsight Compute, the node's call 7.510 ->
+    7.543 ms at 480p and 36.54 -> 37.47 at 720p (2 of 5 rounds each): off. What held those statistics was their
+    pipeline depth (PSA_STATS_PERM_DEEP), not their stores."""
     if _INTERPRET or device.type != "cuda" or os.environ.get("PSA_STATS_TMA_COPY", "0").strip() != "1":
         return False
     from . import fwd
