@@ -40,7 +40,8 @@
 # Session 24: A37 (Nsight Compute on the statistics, raster and gathered; PSA_STATS_TMA_COPY's test and A/B: slower,
 # off), B37 (PSA_STATS_PERM_DEEP: the gathered statistics' pipeline depth), C37 (its confirmation at 720p, every
 # forward GPU test, the pieces), D37 (the pieces, the node's curve, the break-even table, the DiT step), E37 (the pair
-# kernel below 512 KV blocks), F37 (the forward tests on PAIR_MIN_BLOCKS = 72, FLUX.1's A/B).
+# kernel below 512 KV blocks), F37 (the forward tests on PAIR_MIN_BLOCKS = 72, FLUX.1's A/B). Next: G38 (the clocks
+# inside and outside a DiT-like loop).
 # A stashes the first half of the cutlass-dsl site (bench/install_cute_site.sh), runs the Triton-only GPU tests and
 # times the Triton Morton path against the previous kernels (bench/probes/triton_morton.py);
 # B unpacks the site, measures the CuTe virtual-tile bias loads (bench/probes/bias_l2.py: L2 prefetch, loads one
@@ -776,6 +777,15 @@ A22)  # session 21's third call (carry .carry/cs1; ~9.5 min): A21's three failur
     PSA_CUTE_S_AHEAD_VT=1 timeout -k 10 $((580 - SECONDS)) python bench/pieces.py --out "$OUT/pieces_l" --morton \
         --flux-node --ditlike --shapes wan14,wan14_720,flux > "$OUT/pieces_l.log" 2>&1
     log "pieces rc=$?"
+    ;;
+G38)  # next session (carry .carry/cs1; ~1 min): bench/probes/clocks.py, built in session 24. Session 23's DiT step had
+    # the pair kernel ~15% slower inside the model (6.43 ms per call against 5.45-5.53 alone). The node's Wan 480p call
+    # back to back, the model's FFN GEMMs back to back, then both interleaved as a DiT block runs them, with the SM
+    # clock, power and throttle reasons sampled every 20 ms. Diagnostic, nothing ships. Prediction: if clocks explain
+    # it, the interleaved call is ~15% slower at an SM clock ~15% lower (power-capped during the GEMMs)
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    timeout -k 10 120 python bench/probes/clocks.py > "$OUT/clocks.txt" 2>&1
+    log "clocks rc=$? $(grep -v RESULT "$OUT/clocks.txt" | cut -c1-2500)"
     ;;
 F37)  # session 24's last call (carry .carry/cs1; ~4 min): E37 met its rule at 72 blocks, so PAIR_MIN_BLOCKS = 72:
     # (1) every forward GPU test of the CuTe, pair, non-finite and graph files on it (FLUX-sized calls of pisa / pwt
