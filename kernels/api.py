@@ -97,22 +97,24 @@ def piecewise_sparse_attention(q, k, v, *, density=0.125, variant="pwt", band=1,
     bthd = as_choice("out_layout", out_layout, OUT_LAYOUTS) == "bthd"
     if q.numel() == 0:  # B = 0 or H = 0: nothing to attend (still differentiable: an empty graph)
         return _in_layout((q + k + v) * 0.0, bthd)
-    name, reason = select_backend(q, cfg, backend, k=k, v=v)
+    if q.is_cuda:
+        # Triton launches on the current CUDA device, not the tensors' one (multi-GPU ComfyUI setups)
+        with torch.cuda.device(q.device):
+            return _run(backend, q, k, v, cfg, reorder, grid, n_prefix, on_failure, bthd)
+    return _run(backend, q, k, v, cfg, reorder, grid, n_prefix, on_failure, bthd)
+
+
+def _run(backend, q, k, v, cfg, reorder, grid, n_prefix, on_failure, bthd):
+    """The call on the backend dispatch picks, through a cached CUDA graph of it where kernels.graphs allows (fast
+    backends only; the graph's output keeps its layout through the clone it returns). The graph policy is read
+    once: dispatch uses it too (a replayed call pays no per-call host work)."""
+    graphed = graphs.graph_reason(q, k, v) is None
+    name, reason = select_backend(q, cfg, backend, k=k, v=v, graphed=graphed)
     if reason is not None:
         log_once(f"backend:{backend}:{name}:{reason}", "piecewise_sparse_attention: using the %s backend "
                  "(%s)", name, reason, level=logging.WARNING if backend != "auto" else logging.INFO)
     mod = backend_module(name)
-    if q.is_cuda:
-        # Triton launches on the current CUDA device, not the tensors' one (multi-GPU ComfyUI setups)
-        with torch.cuda.device(q.device):
-            return _run(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure, bthd)
-    return _run(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure, bthd)
-
-
-def _run(mod, name, q, k, v, cfg, reorder, grid, n_prefix, on_failure, bthd):
-    """The call, through a cached CUDA graph of it where kernels.graphs allows (fast backends only; the graph's
-    output keeps its layout through the clone it returns)."""
-    if name != "torch" and graphs.graph_reason(q, k, v) is None:
+    if name != "torch" and graphed:
         key = graphs.make_key(name, q, k, v, cfg, reorder, grid, n_prefix) + (bthd,)
         # the captured work raises instead of falling back (a fallback would be captured); failures end eager
         return graphs.run(key, lambda a, b, c: _compute(mod, name, a, b, c, cfg, reorder, grid, n_prefix, "raise",

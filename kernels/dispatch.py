@@ -100,8 +100,10 @@ def grad_reason(name: str, *tensors) -> str | None:
             f"or 'auto') differentiates, torch.no_grad() needs no backward")
 
 
-def select_backend(q, cfg, requested: str = "auto", *, k=None, v=None) -> tuple[str, str | None]:
-    """(backend name, reason why a better or the requested backend was not used, or None).
+def select_backend(q, cfg, requested: str = "auto", *, k=None, v=None,
+                   graphed: bool | None = None) -> tuple[str, str | None]:
+    """(backend name, reason why a better or the requested backend was not used, or None). `graphed`: whether the
+    call goes through the CUDA-graph cache (kernels.api passes the policy it read; None: read it here).
 
     Raises ValueError when `requested` is an explicit backend that cannot differentiate inputs that need it."""
     if requested not in BACKENDS:
@@ -132,8 +134,11 @@ def select_backend(q, cfg, requested: str = "auto", *, k=None, v=None) -> tuple[
             # runs it anyway
             skip = getattr(_module(name), "auto_skip_reason", None)
             try:
-                reason = (skip(q, cfg, graphed=_graphed(q, k, v)) if (skip is not None and q is not None)
-                          else None)
+                if skip is not None and q is not None:
+                    graphed = _graphed(q, k, v) if graphed is None else graphed
+                    reason = skip(q, cfg, graphed=graphed)
+                else:
+                    reason = None
             except Exception as e:  # a broken heuristic never breaks dispatch
                 reason = None
                 log_once(f"autoskip:{name}", "piecewise_sparse_attention: %s auto_skip_reason raised %s: %s",

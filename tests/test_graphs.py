@@ -506,7 +506,7 @@ def fast_api(monkeypatch, request):
     cache = graphs.GraphCache(capture=cap)
     monkeypatch.setattr(graphs, "_CACHE", cache)
     monkeypatch.setattr(api, "select_backend",
-                        lambda q, cfg, backend, k=None, v=None: ("torch" if backend == "torch" else "triton", None))
+                        lambda q, cfg, backend, **kw: ("torch" if backend == "torch" else "triton", None))
     monkeypatch.setattr(api, "backend_module", lambda name: fake if name == "triton" else reference)
     # CPU tensors stand in for CUDA ones: every other condition of the policy still applies
     real = graphs.graph_reason
@@ -555,7 +555,7 @@ def test_api_keeps_autograd_calls_and_the_torch_backend_out_of_the_cache(fast_ap
     qg = q.clone().requires_grad_()
     for _ in range(3):
         api.piecewise_sparse_attention(qg, k, v, **KW)
-    monkeypatch.setattr(api, "select_backend", lambda q, cfg, backend, k=None, v=None: ("torch", None))
+    monkeypatch.setattr(api, "select_backend", lambda q, cfg, backend, **kw: ("torch", None))
     for _ in range(3):
         api.piecewise_sparse_attention(q, k, v, **KW)
     assert sum(cache.counts.values()) == 0
