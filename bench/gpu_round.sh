@@ -778,6 +778,17 @@ A22)  # session 21's third call (carry .carry/cs1; ~9.5 min): A21's three failur
         --flux-node --ditlike --shapes wan14,wan14_720,flux > "$OUT/pieces_l.log" 2>&1
     log "pieces rc=$?"
     ;;
+A38)  # session 25's first call (carry .carry/cs1; ~9 min): (1) every forward GPU test on f329e7f (kernels.api reads the
+    # CUDA-graph policy once and hands it to select_backend(graphed=); dispatch inside the device context), not yet
+    # run on a GPU; the Triton, API and backward files too, since every call goes through kernels.api; (2) G38
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    run_tests fwd_api 260 tests/test_cute_pair_gpu.py tests/test_cute_gpu.py tests/test_nonfinite.py \
+        tests/test_graphs_gpu.py
+    run_tests tri_api 170 tests/test_triton_gpu.py tests/test_api_errors.py tests/test_backward_gpu.py
+    log "clocks"
+    timeout -k 10 $((570 - SECONDS)) python bench/probes/clocks.py > "$OUT/clocks.txt" 2>&1
+    log "clocks rc=$? $(grep -v RESULT "$OUT/clocks.txt" | cut -c1-2500)"
+    ;;
 G38)  # next session (carry .carry/cs1; ~1 min): bench/probes/clocks.py, built in session 24. Session 23's DiT step had
     # the pair kernel ~15% slower inside the model (6.43 ms per call against 5.45-5.53 alone). The node's Wan 480p call
     # back to back, the model's FFN GEMMs back to back, then both interleaved as a DiT block runs them, with the SM
