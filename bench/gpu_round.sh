@@ -778,6 +778,32 @@ A22)  # session 21's third call (carry .carry/cs1; ~9.5 min): A21's three failur
         --flux-node --ditlike --shapes wan14,wan14_720,flux > "$OUT/pieces_l.log" 2>&1
     log "pieces rc=$?"
     ;;
+B38)  # session 25's second call (carry .carry/cs1; ~3 min): (1) A38's one failure again, alone: the backward test
+    # test_density_one_gradients_equal_sdpa[B1_H2_T32760_D128-pwt] ran out of memory beside three other xdist workers
+    # (one held 84 GiB; this file runs on 2 workers elsewhere); (2) Nsight Compute on the routing kernels at 720p on
+    # today's defaults (bf16x3 scores, the "pieces" select): sections, then per-instruction stall samples
+    # (bench/probes/ncu_sass.py). Session 22 found the select's time "mostly not the search"; the scores sit ~3x
+    # above their L2-operand + write bound. Diagnostic, nothing ships
+    timeout 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_backward_gpu.py \
+        -k "test_density_one_gradients_equal_sdpa" > "$OUT/tests_bwd_one.log" 2>&1
+    log "pytest bwd_one rc=$? $(tail -1 "$OUT/tests_bwd_one.log")"
+    log "ncu route"
+    timeout 150 ncu --kernel-name regex:"_scores_kernel|_select" --launch-skip 2 --launch-count 2 \
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+        --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+        --section InstructionStats --csv python bench/probes/route_ncu.py > "$OUT/ncu_route.csv" 2> "$OUT/ncu_route.err"
+    log "ncu route rc=$? $(wc -l < "$OUT/ncu_route.csv") lines"
+    for kn in _scores_kernel _select; do
+        log "ncu source $kn"
+        timeout 100 ncu --kernel-name regex:"$kn" --launch-skip 1 --launch-count 1 --section SourceCounters \
+            --section WarpStateStats --import-source no -f -o "$OUT/sass$kn" \
+            python bench/probes/route_ncu.py > "$OUT/sass$kn.err" 2>&1
+        ncu -i "$OUT/sass$kn.ncu-rep" --page source --csv --print-source sass > "$OUT/sass$kn.csv" 2>> "$OUT/sass$kn.err"
+        python bench/probes/ncu_sass.py "$OUT/sass$kn.csv" --top 40 > "$OUT/sass$kn.txt" 2>&1
+        log "ncu source $kn rc=$? $(sed -n 1,12p "$OUT/sass$kn.txt" | cut -c1-300 | tr '\n' ' ')"
+    done
+    (cd "$OUT" && rm -f sass*.ncu-rep; tar czf sass_csv.tgz sass*.csv sass*.err && rm -f sass*.csv sass*.err)
+    ;;
 A38)  # session 25's first call (carry .carry/cs1; ~9 min): (1) every forward GPU test on f329e7f (kernels.api reads the
     # CUDA-graph policy once and hands it to select_backend(graphed=); dispatch inside the device context), not yet
     # run on a GPU; the Triton, API and backward files too, since every call goes through kernels.api; (2) G38
