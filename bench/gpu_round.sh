@@ -778,6 +778,20 @@ A22)  # session 21's third call (carry .carry/cs1; ~9.5 min): A21's three failur
         --flux-node --ditlike --shapes wan14,wan14_720,flux > "$OUT/pieces_l.log" 2>&1
     log "pieces rc=$?"
     ;;
+C38)  # session 25's third call (carry .carry/cs1; ~5 min): PSA_SCORE_PRESPLIT (kernels/triton/route.py: the scores'
+    # bfloat16 parts split once per call by _split_kernel, not in every tile; B38's profile put 20% of the scores
+    # kernel's stall samples on F2F). (1) its GPU test (bitwise the default's lists, bias and output), then the
+    # Triton and non-finite GPU files with it on; (2) bench/probes/score_presplit.py: route() at 720p / 480p / FLUX.1,
+    # default vs four presplit builds, 5 alternated rounds. Prediction: 720p scores ~0.50 -> ~0.30 ms, routing ~0.98
+    # -> ~0.78. Rule set now: the fastest presplit build becomes the default if its lists and bias are bitwise the
+    # default's on all three shapes, its tests pass, and route() is faster in >= 4 of 5 rounds at 720p and 480p and
+    # not slower than 2% (medians) at FLUX.1
+    run_tests presplit_test 100 tests/test_triton_gpu.py -k presplit
+    log "score_presplit"
+    timeout -k 10 200 python bench/probes/score_presplit.py > "$OUT/score_presplit.txt" 2>&1
+    log "score_presplit rc=$? $(grep -v RESULT "$OUT/score_presplit.txt" | cut -c1-3000)"
+    PSA_SCORE_PRESPLIT=1 run_tests tri_presplit $((560 - SECONDS)) tests/test_triton_gpu.py tests/test_nonfinite.py
+    ;;
 B38)  # session 25's second call (carry .carry/cs1; ~3 min): (1) A38's one failure again, alone: the backward test
     # test_density_one_gradients_equal_sdpa[B1_H2_T32760_D128-pwt] ran out of memory beside three other xdist workers
     # (one held 84 GiB; this file runs on 2 workers elsewhere); (2) Nsight Compute on the routing kernels at 720p on
