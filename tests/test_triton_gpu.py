@@ -309,36 +309,3 @@ def test_peeled_virtual_loop_on_the_morton_path(monkeypatch):
     monkeypatch.setenv("PSA_TRITON_VT_PEEL", "1")
     peel = psa(q, k, v, **kw)
     assert torch.isfinite(peel).all() and rel(peel, plain) <= ROUNDING[q.dtype], rel(peel, plain)
-
-
-@pytest.mark.parametrize("variant,cov,D,sinks", [("pwt", False, 128, 0), ("pwt", True, 64, 1), ("pisa", True, 128, 1),
-                                                 ("drop", False, 128, 0)])
-def test_presplit_scores_give_the_same_routing(variant, cov, D, sinks, monkeypatch):
-    """PSA_SCORE_PRESPLIT (kernels/triton/route.py, session 25): the routing scores' bfloat16 x3 dots on operand parts
-    split once per call (_split_kernel) give the default's lists and bias rows bit for bit (the same parts, the same
-    dots in the same order), in one sub-chunk of heads and in one head per sub-chunk, and the operator's output with
-    it is the default's."""
-    from kernels import triton as kt
-    from kernels.triton import route as kr
-    from kernels.triton import stats as kts
-    if kr.score_prec() != "bf16x3":
-        pytest.skip("PSA_SCORE_PREC is not bf16x3: the presplit parts are not used")
-    B, H, T = 2, 3, 64 * 150 + 29
-    q, k, v = (rnd(B, H, T, D, seed=131 + s) for s in range(3))
-    cfg = cfg_of(D, 0.125, variant, band=1, sinks=sinks, cov=cov)
-    st = kts.block_stats(q, k, v, cfg)
-    runs = {}
-    for flag in ("0", "1"):
-        monkeypatch.setenv("PSA_SCORE_PRESPLIT", flag)
-        assert kr.score_presplit() == (flag == "1")
-        for sb in (256 * 2**20, 1):
-            st.hbar_ready = False
-            runs[flag, sb] = kr.route(st, cfg, q.dtype, score_bytes=sb)
-    i0, v0 = runs["0", 256 * 2**20]
-    for key, (i1, v1) in runs.items():
-        assert torch.equal(i1, i0) and torch.equal(v1, v0), key
-    outs = {}
-    for flag in ("0", "1"):
-        monkeypatch.setenv("PSA_SCORE_PRESPLIT", flag)
-        outs[flag] = kt.forward(q, k, v, cfg)
-    assert torch.equal(outs["1"], outs["0"])

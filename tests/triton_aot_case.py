@@ -118,16 +118,10 @@ compile_one("select_pieces_512", select._select_pieces_kernel, sel_types,
             dict(NA=512, NB=0, ROWS=1, KP2=128, BITS=1),
             1, 1)
 # the routing scores kernel as the GPU runs it (pwt, D 128, the bfloat16 x3 dots over the whole D, 4 warps)
-sc_types = {**{n: F32 for n in ("QBAR", "KBAR", "Q2", "KSIG2", "HNORM", "SCORE", "HPART", "HBAR")},
-            "VBIAS": "*fp16", "HBAR_LP": BF, "SPL": BF, "scale": "fp32", "half_s2": "fp32", "ln_b": "fp32",
-            "inv_n": "fp32"}
-sc_const = dict(D=128, BM=64, BN=64, DK=128, PWT=True, COV=False, FINAL_H=True, PREC="tf32x3", SPLIT=1, OFF64=0)
-compile_one("scores_pwt_bf16x3", route._scores_kernel, sc_types, dict(sc_const, PRE=0), 4, 1)
-# ... on the parts split once per call (route.score_presplit, session 25), and the kernel that splits them
-compile_one("scores_pwt_bf16x3_pre", route._scores_kernel, sc_types, dict(sc_const, PRE=1, DK=route.SCORE_PRE_DK),
-            route.SCORE_PRE_WARPS, route.SCORE_PRE_STAGES)
-compile_one("split_pwt", route._split_kernel, {**{n: F32 for n in ("QBAR", "KBAR", "Q2", "KSIG2")}, "SPL": BF},
-            dict(NX=4, D=128, BR=route.SPLIT_ROWS), 4, 1)
+compile_one("scores_pwt_bf16x3", route._scores_kernel,
+            {**{n: F32 for n in ("QBAR", "KBAR", "Q2", "KSIG2", "HNORM", "SCORE", "HPART", "HBAR")},
+             "VBIAS": "*fp16", "HBAR_LP": BF, "scale": "fp32", "half_s2": "fp32", "ln_b": "fp32", "inv_n": "fp32"},
+            dict(D=128, BM=64, BN=64, DK=128, PWT=True, COV=False, FINAL_H=True, PREC="tf32x3", SPLIT=1, OFF64=0), 4, 1)
 # drop's statistics with the column sums on tensor cores (stats.STATS_TC, 64 columns, pipelined block loop)
 compile_one("stats_tc_drop", stats2._qk_sums_tc_kernel,
             {"Q": BF, "K": BF, "PERM": I32, "QBAR": F32, "KBAR": F32},

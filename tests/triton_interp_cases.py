@@ -169,23 +169,16 @@ def _():
         q, k, v = (rnd(1, 2, 64 * 24 + 13, 64, seed=170 + s) for s in range(3))
         cfg = cfg_of(64, 0.2, var, band=1, sinks=1, cov=cov)
         st = stats.block_stats(q, k, v, cfg)
-        keep = kr.SCORE_PREC, os.environ.get("PSA_SCORE_PRESPLIT")
+        keep = kr.SCORE_PREC
         try:
             res = {}
-            for p in ("tf32x3", "bf16x3", "bf16x3_pre"):
-                kr.SCORE_PREC = p[:6]
-                os.environ["PSA_SCORE_PRESPLIT"] = str(int(p.endswith("_pre")))
+            for p in ("tf32x3", "bf16x3"):
+                kr.SCORE_PREC = p
                 st.hbar_ready = False
-                # the presplit parts (_split_kernel) also with one head per score sub-chunk
-                res[p] = stats.route(st, cfg, q.dtype, score_bytes=1 if p.endswith("_pre") else 256 * 2**20)
+                res[p] = stats.route(st, cfg, q.dtype)
         finally:
-            kr.SCORE_PREC = keep[0]
-            if keep[1] is None:
-                os.environ.pop("PSA_SCORE_PRESPLIT", None)
-            else:
-                os.environ["PSA_SCORE_PRESPLIT"] = keep[1]
+            kr.SCORE_PREC = keep
         (ia, va), (ib, vb) = res["tf32x3"], res["bf16x3"]
-        presplit_equal = torch.equal(res["bf16x3_pre"][0], ib) and torch.equal(res["bf16x3_pre"][1], vb)
         ea, eb = va == float("-inf"), vb == float("-inf")
         s64 = (st.qbar.double() @ st.kbar.double().transpose(-1, -2)) * cfg.scale
         if cov:
@@ -202,7 +195,7 @@ def _():
         both = ~ea & ~eb
         out[var] = {"rows_differ": int(rows.sum()), "rows": int(rows.numel()), "max_gap_in_spread": gap,
                     "bias_maxdiff": float((va.float() - vb.float())[both].abs().max()),
-                    "counts_equal": bool(torch.equal(ea.sum(-1), eb.sum(-1))), "presplit_equal": presplit_equal}
+                    "counts_equal": bool(torch.equal(ea.sum(-1), eb.sum(-1)))}
     return out
 
 

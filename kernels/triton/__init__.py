@@ -109,7 +109,7 @@ def _heads_per_chunk(B, H, T, D, cfg, elem_bytes, K, frac, device=None) -> int:
     (scratch_bytes_per_head); the heads are then spread evenly over the fewest chunks (each chunk is one
     launch of every kernel)."""
     q_bytes = B * H * T * D * elem_bytes
-    budget = max(frac * q_bytes, 64 * 2**20) - min(score_budget(q_bytes), B * H * _stats_route_score(T, cfg, D))
+    budget = max(frac * q_bytes, 64 * 2**20) - min(score_budget(q_bytes), B * H * _stats_route_score(T, cfg))
     hc = H
     while hc > 1 and B * hc * scratch_bytes_per_head(T, D, cfg, elem_bytes, K, B * hc, device) > budget:
         hc = max(1, min(hc - 1, int(hc * budget // max(1, B * hc * scratch_bytes_per_head(
@@ -118,9 +118,9 @@ def _heads_per_chunk(B, H, T, D, cfg, elem_bytes, K, frac, device=None) -> int:
     return -(-H // n_chunks)
 
 
-def _stats_route_score(T, cfg, D=128) -> int:
+def _stats_route_score(T, cfg) -> int:
     n = -(-T // cfg.block_size)
-    return _stats.kernel_scratch_bytes(n, D) if _stats.route_in_kernel(n) else 0
+    return _stats.kernel_scratch_bytes(n) if _stats.route_in_kernel(n) else 0
 
 
 def scratch_bytes_per_head(T, D, cfg, elem_bytes, K, bh=1, device=None) -> int:

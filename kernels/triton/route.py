@@ -13,7 +13,12 @@
    ROWS query blocks per 4-warp program over one power-of-two tile, two bits per step).
 The scores cost 4 N^2 bytes per (batch, head) of scratch, for one sub-chunk of heads at a time. Measured and
 dropped: a select kernel that computes its own scores for N <= 256 (one launch fewer, but its 3xTF32 operand
-tiles spilled: FLUX.1 1024^2 routing 0.056 ms).
+tiles spilled: FLUX.1 1024^2 routing 0.056 ms); the bfloat16 parts of the score operands split once per call by a
+kernel of their own instead of in every tile (session 25, commit 4db87dff; Nsight Compute had F2F at 20% of the
+scores kernel's stall samples): bitwise the same lists, but route() with the forward's score budget went 1.070 ->
+1.039 ms at Wan2.1-14B 720p, 0.183 -> 0.209 at 480p and 0.056 -> 0.087 at FLUX.1 (the split pass costs more than
+the conversions it saves below 720p; 32- and 64-wide slices on the split parts were slower everywhere and round
+differently; bench/results/score_presplit_s25_h200.txt).
 """
 from __future__ import annotations
 
@@ -31,7 +36,7 @@ try:
 except ImportError:  # older Triton
     from triton.runtime.autotuner import OutOfResources
 
-from ..config import SparseConfig, env_switch
+from ..config import SparseConfig
 from ..routing import forced_mask
 from .select import _count_ge3, _two_bits
 from .stats2 import _bf16_parts
@@ -53,12 +58,6 @@ def _dot_bf16x3(a, b, acc, EMU: tl.constexpr):
     dots are wrong): the same parts as float32, float32 dots."""
     a_hi, a_lo = _bf16_parts(a)
     b_hi, b_lo = _bf16_parts(b)
-    return _dot_parts(a_hi, a_lo, b_hi, b_lo, acc, EMU=EMU)
-
-
-@triton.jit
-def _dot_parts(a_hi, a_lo, b_hi, b_lo, acc, EMU: tl.constexpr):
-    """acc + (a_hi + a_lo) @ (b_hi + b_lo)^T without the lo x lo term, from bfloat16 parts (_dot_bf16x3)."""
     if EMU:
         a_hi, a_lo = a_hi.to(tl.float32), a_lo.to(tl.float32)
         b_hi, b_lo = tl.trans(b_hi.to(tl.float32)), tl.trans(b_lo.to(tl.float32))
@@ -78,8 +77,7 @@ def _score_tile(QBAR, KBAR, Q2, KSIG2, HNORM, i_bh, o_i, o_j, N, band, n_sink, s
                 SPLIT: tl.constexpr = 0, OFF64: tl.constexpr = 0):
     """(rank score with forced blocks at +inf, gated w) of the (o_i, o_j) pairs of one (batch, head); the
     D-long dot products in DK-wide slices (float32 operand tiles stay small: no spills). SPLIT = 1: the dots
-    as three bfloat16 dots (_dot_bf16x3) instead of tl.dot at PREC (_score_tile_pre: the same dots on parts
-    split once per call)."""
+    as three bfloat16 dots (_dot_bf16x3) instead of tl.dot at PREC."""
     o_k = tl.arange(0, DK)
     m_i = o_i < N
     m_j = o_j < N
@@ -110,73 +108,6 @@ def _score_tile(QBAR, KBAR, Q2, KSIG2, HNORM, i_bh, o_i, o_j, N, band, n_sink, s
                 b_w = _dot_bf16x3(b_a2, b_b2, b_w, EMU=PREC == "ieee")
             else:
                 b_w += tl.dot(b_a2, tl.trans(b_b2), input_precision=PREC)
-    return _score_finish(b_s, b_w, HNORM, i_bh, o_i, o_j, N, band, n_sink, scale, half_s2, ln_b, PWT=PWT, COV=COV)
-
-
-@triton.jit
-def _part_tile(SPL, x, part, i_loc, L, N, o_r, m_r, o_k, d0, D: tl.constexpr):
-    """Rows o_r, columns d0 + o_k of bfloat16 part `part` (0 hi, 1 lo) of split operand x (_split_kernel)."""
-    base = ((x * 2 + part) * L + i_loc).to(tl.int64) * N * D
-    return tl.load(SPL + base + o_r[:, None] * D + d0 + o_k[None, :], mask=m_r[:, None], other=0.0)
-
-
-@triton.jit
-def _score_tile_pre(SPL, HNORM, i_bh, i_loc, L, o_i, o_j, N, band, n_sink, scale, half_s2, ln_b,
-                    D: tl.constexpr, DK: tl.constexpr, PWT: tl.constexpr, COV: tl.constexpr, EMU: tl.constexpr):
-    """_score_tile on the operands' bfloat16 parts as _split_kernel wrote them (operands 0 q-bar, 1 k-bar, 2 q^2,
-    3 k-sigma^2): no float32 -> bfloat16 conversions per tile (the conversions are 16 per clock per SM on SM90,
-    and each operand row was split once per tile it meets: ~2 x N / 64 times)."""
-    o_k = tl.arange(0, DK)
-    m_i = o_i < N
-    m_j = o_j < N
-    b_s = tl.zeros([o_i.shape[0], o_j.shape[0]], dtype=tl.float32)
-    b_w = tl.zeros([o_i.shape[0], o_j.shape[0]], dtype=tl.float32)
-    for d0 in range(0, D, DK):
-        b_s = _dot_parts(_part_tile(SPL, 0, 0, i_loc, L, N, o_i, m_i, o_k, d0, D=D),
-                         _part_tile(SPL, 0, 1, i_loc, L, N, o_i, m_i, o_k, d0, D=D),
-                         _part_tile(SPL, 1, 0, i_loc, L, N, o_j, m_j, o_k, d0, D=D),
-                         _part_tile(SPL, 1, 1, i_loc, L, N, o_j, m_j, o_k, d0, D=D), b_s, EMU=EMU)
-        if PWT:
-            b_w = _dot_parts(_part_tile(SPL, 2, 0, i_loc, L, N, o_i, m_i, o_k, d0, D=D),
-                             _part_tile(SPL, 2, 1, i_loc, L, N, o_i, m_i, o_k, d0, D=D),
-                             _part_tile(SPL, 3, 0, i_loc, L, N, o_j, m_j, o_k, d0, D=D),
-                             _part_tile(SPL, 3, 1, i_loc, L, N, o_j, m_j, o_k, d0, D=D), b_w, EMU=EMU)
-    return _score_finish(b_s, b_w, HNORM, i_bh, o_i, o_j, N, band, n_sink, scale, half_s2, ln_b, PWT=PWT, COV=COV)
-
-
-@triton.jit
-def _split_kernel(QBAR, KBAR, Q2, KSIG2, SPL, N, HC, H0, HSUB, L, NX: tl.constexpr, D: tl.constexpr,
-                  BR: tl.constexpr):
-    """The bfloat16 (hi, lo) parts (_bf16_parts) of the float32 statistics the scores dot (q-bar, k-bar; + q^2,
-    k-sigma^2 for pwt: NX operands) for heads H0 .. H0 + HSUB of every batch element, once per route() sub-chunk,
-    into SPL [NX, 2, L, N, D] (L = B x HSUB)."""
-    i_r, i_loc = tl.program_id(0), tl.program_id(1)
-    i_bh = (i_loc // HSUB) * HC + H0 + i_loc % HSUB
-    o_r = i_r * BR + tl.arange(0, BR)
-    o_d = tl.arange(0, D)
-    m_r = (o_r < N)[:, None]
-    p_in = (i_bh * N).to(tl.int64) * D + o_r[:, None] * D + o_d[None, :]
-    for x in tl.static_range(NX):
-        if x == 0:
-            src = QBAR
-        elif x == 1:
-            src = KBAR
-        elif x == 2:
-            src = Q2
-        else:
-            src = KSIG2
-        hi, lo = _bf16_parts(tl.load(src + p_in, mask=m_r, other=0.0))
-        p_out = SPL + ((x * 2) * L + i_loc).to(tl.int64) * N * D + o_r[:, None] * D + o_d[None, :]
-        tl.store(p_out, hi, mask=m_r)
-        tl.store(p_out + L.to(tl.int64) * N * D, lo, mask=m_r)
-
-
-@triton.jit
-def _score_finish(b_s, b_w, HNORM, i_bh, o_i, o_j, N, band, n_sink, scale, half_s2, ln_b, PWT: tl.constexpr,
-                  COV: tl.constexpr):
-    """The rank score (the scaled dot + cov bias + min(w, ln Bs), clamped, forced blocks at +inf) and the gated w
-    from the dots b_s (q-bar . k-bar) and b_w (q^2 . k-sigma^2)."""
-    m_j = o_j < N
     b_s = b_s * scale
     if COV:
         b_hn = tl.load(HNORM + i_bh * N + o_j, mask=m_j, other=1.0)
@@ -214,22 +145,18 @@ def _final_hbar(HPART, HBAR, HBAR_LP, i_bh, NPART, inv_n, t, P, D: tl.constexpr,
 
 @triton.jit
 def _scores_kernel(
-    QBAR, KBAR, Q2, KSIG2, HNORM, SCORE, VBIAS, HPART, HBAR, HBAR_LP, SPL,
+    QBAR, KBAR, Q2, KSIG2, HNORM, SCORE, VBIAS, HPART, HBAR, HBAR_LP,
     N, NPART, HC, H0, HSUB, band, n_sink, scale, half_s2, ln_b, inv_n,
     D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, PWT: tl.constexpr, COV: tl.constexpr,
-    FINAL_H: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr, OFF64: tl.constexpr = 0, PRE: tl.constexpr = 0,
+    FINAL_H: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr, OFF64: tl.constexpr = 0,
 ):
     # heads H0 .. H0 + HSUB of every batch element; the scores are those of this sub-chunk only
     i_m, i_n, i_loc = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh = (i_loc // HSUB) * HC + H0 + i_loc % HSUB
     o_i = i_m * BM + tl.arange(0, BM)
     o_j = i_n * BN + tl.arange(0, BN)
-    if PRE:  # the bfloat16 parts from _split_kernel (SPLIT too)
-        b_s, b_vb = _score_tile_pre(SPL, HNORM, i_bh, i_loc, tl.num_programs(2), o_i, o_j, N, band, n_sink, scale,
-                                    half_s2, ln_b, D=D, DK=DK, PWT=PWT, COV=COV, EMU=PREC == "ieee")
-    else:
-        b_s, b_vb = _score_tile(QBAR, KBAR, Q2, KSIG2, HNORM, i_bh, o_i, o_j, N, band, n_sink, scale, half_s2,
-                                ln_b, D=D, DK=DK, PWT=PWT, COV=COV, PREC=PREC, SPLIT=SPLIT, OFF64=OFF64)
+    b_s, b_vb = _score_tile(QBAR, KBAR, Q2, KSIG2, HNORM, i_bh, o_i, o_j, N, band, n_sink, scale, half_s2,
+                            ln_b, D=D, DK=DK, PWT=PWT, COV=COV, PREC=PREC, SPLIT=SPLIT, OFF64=OFF64)
     m_ij = (o_i < N)[:, None] & (o_j < N)[None, :]
     if OFF64:
         o_ij = o_i[:, None].to(tl.int64) * N + o_j[None, :]
@@ -341,10 +268,9 @@ def route_in_kernel(n: int) -> bool:
     return n <= ROUTE_KERNEL_MAX_N and not _route_failed
 
 
-def kernel_scratch_bytes(n: int, d: int = 128) -> int:
-    """Bytes per (batch, head) the kernel routing allocates beyond its outputs: the float32 scores (+ the
-    bfloat16 parts of pwt's four dot operands when they are split once per call: score_presplit)."""
-    return 4 * n * n + (16 * n * d if score_presplit() else 0)
+def kernel_scratch_bytes(n: int) -> int:
+    """Bytes per (batch, head) the kernel routing allocates beyond its outputs: the float32 scores."""
+    return 4 * n * n
 
 
 def set_route_failed(e) -> None:
@@ -386,26 +312,6 @@ SCORE_MAXNREG = None
 # themselves far more). The interpreter keeps the float32-accurate dots (its bfloat16 conversions do not round
 # to nearest; tests/triton_interp_cases.py checks the emulated split separately)
 SCORE_PREC = "tf32x3" if _INTERPRET else "bf16x3"
-
-
-# the bfloat16 x3 dots' operand parts split once per route() sub-chunk (_split_kernel, SPLIT_ROWS rows per program)
-# instead of in every scores tile (_score_tile_pre); PSA_SCORE_PRESPLIT=1/0 overrides per call. Nsight Compute on
-# the H200 (session 25, Wan2.1-14B 720p, the scores kernel alone): F2F.BF16.F32 took 20% of its stall samples;
-# each tile converts 4 x 64 x 128 x 2 operand values at 16 conversions per clock per SM (~4,100 of the ~16,400
-# cycles a pair of co-resident programs takes), and every operand row is converted again in each of the ~2N/64
-# tiles it meets. Off until timed
-SCORE_PRESPLIT = False
-SPLIT_ROWS = 16  # (sm_90a, Triton 3.6: 164 registers at 4 warps, no spills; 32 rows spill 360 bytes)
-# the scores kernel's D slice, warps and load stages on the split parts. sm_90a (Triton 3.6, ptxas -v; pwt, D 128):
-# the whole D in one slice at 4 warps spills 92 bytes (eight [64, 128] bfloat16 tiles and their 64-bit pointers in
-# flight), 32-wide slices at 8 warps and 3 stages none (255 registers, one program of 8 warps per SM)
-SCORE_PRE_DK = 32
-SCORE_PRE_WARPS = 8
-SCORE_PRE_STAGES = 3
-
-
-def score_presplit() -> bool:
-    return env_switch("PSA_SCORE_PRESPLIT", SCORE_PRESPLIT)
 
 
 def score_prec() -> str:
@@ -450,37 +356,25 @@ def route(st, cfg: SparseConfig, dtype: torch.dtype, *, score_bytes: int = 256 *
         st.hbar_lp = torch.empty(B, HC, D, D, device=dev, dtype=dtype)
     hargs = (st.hpart, st.hbar, st.hbar_lp) if final_h else (dummy, dummy, dummy)
     npart = st.hpart.shape[2] if final_h else 0
-    prec = score_prec()
-    pre = prec == "bf16x3" and score_presplit()
-    nx = 4 if pwt else 2  # the dots' operands: q-bar, k-bar (+ q^2, k-sigma^2)
-    # the float32 scores (and the operands' bfloat16 parts) exist for one sub-chunk of heads at a time
-    # (score_bytes: its budget)
-    per_head = 4 * n * n + (nx * 4 * n * D if pre else 0)
-    dk, warps, stages = (SCORE_PRE_DK, SCORE_PRE_WARPS, SCORE_PRE_STAGES) if pre else (SCORE_DK, SCORE_WARPS,
-                                                                                     SCORE_STAGES)
-    if _INTERPRET:
-        dk = SCORE_DK
-    hsub = max(1, min(HC, int(score_bytes // max(1, B * per_head))))
+    # the float32 scores exist for one sub-chunk of heads at a time (score_bytes: its budget)
+    hsub = max(1, min(HC, int(score_bytes // max(1, B * 4 * n * n))))
     hsub = -(-HC // -(-HC // hsub))  # spread evenly
     score = torch.empty(B * hsub, n, n, device=dev, dtype=torch.float32)
-    spl = torch.empty(nx * 2 * B * hsub * n * D, device=dev, dtype=torch.bfloat16) if pre else dummy
     stat_args = (st.qbar, st.kbar, st.q2 if pwt else dummy, st.ksig2 if pwt else dummy,
                  st.hnorm if cov else dummy)
     common = (cfg.band, cfg.n_sink_blocks)
+    prec = score_prec()
     off64 = SCORE_OFF64 if SCORE_OFF64 is not None else prec == "tf32x3"
     regs = {"maxnreg": SCORE_MAXNREG} if SCORE_MAXNREG and not _INTERPRET else {}
     try:
         for h0 in range(0, HC, hsub):
             hs = min(hsub, HC - h0)
-            if pre:
-                _split_kernel[(triton.cdiv(n, SPLIT_ROWS), B * hs)](
-                    *stat_args[:4], spl, n, HC, h0, hs, B * hs, NX=nx, D=D, BR=SPLIT_ROWS, num_warps=4)
             _scores_kernel[(triton.cdiv(n, SCORE_BM), triton.cdiv(n, SCORE_BN), B * hs)](
-                *stat_args, score, vbias, *hargs, spl, n, npart, HC, h0, hs, *common, scale, 0.5 * scale * scale,
-                math.log(cfg.block_size), 1.0 / n, D=D, BM=SCORE_BM, BN=SCORE_BN, DK=min(dk, D), PWT=pwt,
+                *stat_args, score, vbias, *hargs, n, npart, HC, h0, hs, *common, scale, 0.5 * scale * scale,
+                math.log(cfg.block_size), 1.0 / n, D=D, BM=SCORE_BM, BN=SCORE_BN, DK=min(SCORE_DK, D), PWT=pwt,
                 COV=cov, FINAL_H=final_h, PREC=_PREC if prec != "tf32" else prec,
-                SPLIT=int(prec == "bf16x3"), OFF64=int(off64), PRE=int(pre), num_warps=warps,
-                num_stages=stages, **regs,
+                SPLIT=int(prec == "bf16x3"), OFF64=int(off64), num_warps=SCORE_WARPS, num_stages=SCORE_STAGES,
+                **regs,
             )
             _select(score, idx, vbias, n, kmax, HC, h0, hs, k, common, B * hs)
     except OutOfResources as e:
