@@ -778,6 +778,21 @@ A22)  # session 21's third call (carry .carry/cs1; ~9.5 min): A21's three failur
         --flux-node --ditlike --shapes wan14,wan14_720,flux > "$OUT/pieces_l.log" 2>&1
     log "pieces rc=$?"
     ;;
+D38)  # session 25's fourth call (carry .carry/cs1; ~4 min): PSA_SCORE_PAD (kernels/triton/route.py score_stride: the
+    # routing scores' rows padded to a multiple of 64 floats, so the scores kernel's stores and the select kernels'
+    # loads are aligned; sm_90a SASS of the one-warp select at 720p: 40 scalar LDG -> 10 LDG.128, 476 -> 306 SHFL, 167
+    # -> 137 registers; the scores kernel 70 -> 46 STG). (1) its GPU test (bitwise the unpadded lists, bias and
+    # output, both select kernels); (2) bench/probes/route_switch.py PSA_SCORE_PAD: route() at 720p / 480p / FLUX.1, 5
+    # alternated rounds; (3) the Triton and non-finite GPU files with it on. Prediction: the 720p select ~0.54 ->
+    # ~0.48 ms, route() ~1.07 -> ~1.0; 480p ~0.183 -> ~0.17. Rule set now: on if its lists and bias are bitwise the
+    # unpadded ones on every shape, its tests pass, route() is faster in >= 4 of 5 rounds at 720p and at 480p, and
+    # FLUX.1's median is not slower by more than 2%
+    run_tests pad_test 100 tests/test_triton_gpu.py -k padded_score
+    log "route_switch PSA_SCORE_PAD"
+    timeout -k 10 150 python bench/probes/route_switch.py PSA_SCORE_PAD > "$OUT/route_pad.txt" 2>&1
+    log "route_switch rc=$? $(grep -v RESULT "$OUT/route_pad.txt" | cut -c1-3000)"
+    PSA_SCORE_PAD=1 run_tests tri_pad $((560 - SECONDS)) tests/test_triton_gpu.py tests/test_nonfinite.py
+    ;;
 C38)  # session 25's third call (carry .carry/cs1; ~5 min): PSA_SCORE_PRESPLIT (kernels/triton/route.py: the scores'
     # bfloat16 parts split once per call by _split_kernel, not in every tile; B38's profile put 20% of the scores
     # kernel's stall samples on F2F). (1) its GPU test (bitwise the default's lists, bias and output), then the
