@@ -309,37 +309,3 @@ def test_peeled_virtual_loop_on_the_morton_path(monkeypatch):
     monkeypatch.setenv("PSA_TRITON_VT_PEEL", "1")
     peel = psa(q, k, v, **kw)
     assert torch.isfinite(peel).all() and rel(peel, plain) <= ROUNDING[q.dtype], rel(peel, plain)
-
-
-@pytest.mark.parametrize("variant,cov,D,sinks", [("pwt", False, 128, 0), ("pwt", True, 64, 1), ("pisa", True, 128, 1),
-                                                 ("drop", False, 128, 0)])
-def test_padded_score_rows_give_the_same_routing(variant, cov, D, sinks, monkeypatch):
-    """PSA_SCORE_PAD (kernels/triton/route.py score_stride, session 25): the routing scores' rows padded to a multiple
-    of 64 floats (aligned, vectorized stores and loads; the select ignores the padding) give the unpadded lists and bias
-    rows bit for bit, in one sub-chunk of heads and in one head per sub-chunk, with either select kernel, and the
-    operator's output is the same."""
-    from kernels import triton as kt
-    from kernels.triton import route as kr
-    from kernels.triton import stats as kts
-    B, H, T = 2, 3, 64 * 150 + 29  # 151 blocks: rows of 151 floats, or 192 padded
-    q, k, v = (rnd((B, H, T, D), seed=131 + s) for s in range(3))
-    cfg = cfg_of(D, 0.125, variant, band=1, sinks=sinks, cov=cov)
-    st = kts.block_stats(q, k, v, cfg)
-    runs = {}
-    for impl in ("pieces", "bits"):
-        monkeypatch.setattr(kr, "SELECT_IMPL", impl)
-        for flag in ("0", "1"):
-            monkeypatch.setenv("PSA_SCORE_PAD", flag)
-            assert kr.score_stride(151) == (192 if flag == "1" else 151)
-            for sb in (256 * 2**20, 1):
-                st.hbar_ready = False
-                runs[impl, flag, sb] = kr.route(st, cfg, q.dtype, score_bytes=sb)
-    i0, v0 = runs["pieces", "0", 256 * 2**20]
-    for key, (i1, v1) in runs.items():
-        assert torch.equal(i1, i0) and torch.equal(v1, v0), key
-    monkeypatch.setattr(kr, "SELECT_IMPL", "pieces")
-    outs = {}
-    for flag in ("0", "1"):
-        monkeypatch.setenv("PSA_SCORE_PAD", flag)
-        outs[flag] = kt.forward(q, k, v, cfg)
-    assert torch.equal(outs["1"], outs["0"])

@@ -282,7 +282,7 @@ def _():
             idx = torch.full((1, 1, n, kmax), 7, dtype=torch.int32)
             vbias = torch.zeros(1, 1, n, n, dtype=torch.float16)
             np2, rows, warps = kr._select_shape(n)
-            kr._select_kernel[(-(-n // rows), 1)](score, idx, vbias, n, n, kmax, 1, 0, 1, k, band, sinks, NP2=np2,
+            kr._select_kernel[(-(-n // rows), 1)](score, idx, vbias, n, kmax, 1, 0, 1, k, band, sinks, NP2=np2,
                                                  ROWS=rows, KP2=max(16, 1 << (kmax - 1).bit_length()),
                                                  num_warps=warps)
             ok = True
@@ -353,22 +353,16 @@ def _():
             runs = [("bits", 1, True, 512, "bits"), ("pieces", 1, True, 512, "bits"), ("pieces", 2, True, 512, "bits"),
                     ("pieces", 1, False, 64, "bits"), ("pieces", 1, True, 512, "interp"),
                     ("pieces", 1, False, 64, "interp")]
-            # the same scores in rows padded to a multiple of 16 (route.score_stride), +NaN past column n: a key
-            # above +inf's, so a padding column read as a block would be chosen first
-            ns = -(-(n + 1) // 16) * 16
-            padded = torch.full((1, n, ns), float("nan"))
-            padded[..., :n] = score
-            for (impl, bits, split, pkeys, search), pad in [(r, p) for r in runs for p in (False, True)]:
+            for impl, bits, split, pkeys, search in runs:
                 if impl == "bits" and fill == "nan":
                     continue  # "bits" counts its padding (key of -inf) above a -NaN
                 kr.SELECT_IMPL, ks.SELECT_BITS, ks.SELECT_SPLIT, ks.SELECT_PIECE_KEYS = impl, bits, split, pkeys
                 ks.SELECT_INTERP = search == "interp"
                 idx = torch.full((1, 1, n, kmax), 7, dtype=torch.int32)
                 vbias = torch.zeros(1, 1, n, n, dtype=torch.float16)
-                kr._select(padded if pad else score, idx, vbias, n, kmax, 1, 0, 1, k, (band, sinks), 1)
+                kr._select(score, idx, vbias, n, kmax, 1, 0, 1, k, (band, sinks), 1)
                 shape = ks.pieces_shape(n) if impl == "pieces" else kr._select_shape(n)
-                name = (f"n{n}_k{k}_{fill}_{impl}_bits{bits}_{search}_shape{'x'.join(map(str, shape))}"
-                        + ("_padded" if pad else ""))
+                name = f"n{n}_k{k}_{fill}_{impl}_bits{bits}_{search}_shape{'x'.join(map(str, shape))}"
                 out[name] = bool(torch.equal(idx[0, 0], want)) and bool(torch.equal(vbias[0, 0] == float("-inf"),
                                                                                    exact))
     finally:
@@ -382,30 +376,20 @@ def _():
     from kernels.triton import route as kr
     q, k, v = (rnd(1, 2, 64 * 37 + 9, 64, seed=160 + s) for s in range(3))
     cfg = cfg_of(64, 0.3, "pwt", band=1, sinks=1)
-    keep = kr.SELECT_IMPL, os.environ.get("PSA_SCORE_PAD")
+    keep = kr.SELECT_IMPL
     out, bias = {}, {}
     try:
         for impl in ("pieces", "bits"):
-            for pad in ("0", "1"):  # the scores' rows N apart, or padded to a multiple of 64 (route.score_stride)
-                kr.SELECT_IMPL = impl
-                os.environ["PSA_SCORE_PAD"] = pad
-                name = impl + ("_padded" if pad == "1" else "")
-                assert kr.score_stride(37) == (64 if pad == "1" else 37)
-                st = stats.block_stats(q, k, v, cfg)
-                idx, bias[name] = stats.route(st, cfg, q.dtype)
-                idx_t, vb_t = stats.route_torch(st, cfg, q.dtype)
-                out[name] = {"idx_equal_torch": bool(torch.equal(idx, idx_t)),
-                             "exact_marks_equal_torch": bool(torch.equal(bias[name] == float("-inf"),
-                                                                         vb_t == float("-inf")))}
+            kr.SELECT_IMPL = impl
+            st = stats.block_stats(q, k, v, cfg)
+            idx, bias[impl] = stats.route(st, cfg, q.dtype)
+            idx_t, vb_t = stats.route_torch(st, cfg, q.dtype)
+            out[impl] = {"idx_equal_torch": bool(torch.equal(idx, idx_t)),
+                         "exact_marks_equal_torch": bool(torch.equal(bias[impl] == float("-inf"),
+                                                                     vb_t == float("-inf")))}
     finally:
-        kr.SELECT_IMPL = keep[0]
-        if keep[1] is None:
-            os.environ.pop("PSA_SCORE_PAD", None)
-        else:
-            os.environ["PSA_SCORE_PAD"] = keep[1]
+        kr.SELECT_IMPL = keep
     out["bias_pieces_equals_bits"] = bool(torch.equal(bias["pieces"], bias["bits"]))
-    out["bias_padded_equals_unpadded"] = bool(torch.equal(bias["pieces"], bias["pieces_padded"])
-                                              and torch.equal(bias["bits"], bias["bits_padded"]))
     return out
 
 

@@ -4,8 +4,10 @@ with the score budget the forward uses (kernels.triton.score_budget). `route_ms`
 same with the select launches skipped (select = the difference); medians of triton.testing.do_bench in PROBE_ROUNDS
 (default 5) alternated rounds, the lists and bias rows compared bitwise between the two settings.
 
-Session 25 built it for PSA_SCORE_PAD (route.score_stride); its first use, PSA_SCORE_PRESPLIT (a one-off probe), is
-recorded in bench/results/score_presplit_s25_h200.txt. Prints `RESULT {...}` last.
+Session 25 built it for PSA_SCORE_PAD (the scores' rows padded to 64 floats; bitwise equal, no faster: dropped,
+bench/results/route_pad_s25_h200.txt); the switch before it, PSA_SCORE_PRESPLIT (a one-off probe), is recorded in
+bench/results/score_presplit_s25_h200.txt. Any on/off routing switch can be timed with it (PSA_SELECT_INTERP).
+Prints `RESULT {...}` last.
 
     python bench/probes/route_switch.py PSA_SCORE_PAD"""
 import json

@@ -18,7 +18,11 @@ kernel of their own instead of in every tile (session 25, commit 4db87dff; Nsigh
 scores kernel's stall samples): bitwise the same lists, but route() with the forward's score budget went 1.070 ->
 1.039 ms at Wan2.1-14B 720p, 0.183 -> 0.209 at 480p and 0.056 -> 0.087 at FLUX.1 (the split pass costs more than
 the conversions it saves below 720p; 32- and 64-wide slices on the split parts were slower everywhere and round
-differently; bench/results/score_presplit_s25_h200.txt).
+differently; bench/results/score_presplit_s25_h200.txt); the scores' rows padded to a multiple of 64 floats so that
+the scores kernel's stores and the select kernels' loads are aligned vectors (session 25, commit 88f14ae; sm_90a: the
+720p select's 40 scalar loads -> 10 LDG.128, 476 -> 306 shuffles, 167 -> 137 registers): bitwise the same, route()
+0.979 -> 0.984 ms at 720p (faster in 0 of 5 rounds), 0.182 -> 0.182 at 480p (bench/results/route_pad_s25_h200.txt).
+Both routing kernels wait on latency more than they issue: fewer instructions did not buy time.
 """
 from __future__ import annotations
 
@@ -36,7 +40,7 @@ try:
 except ImportError:  # older Triton
     from triton.runtime.autotuner import OutOfResources
 
-from ..config import SparseConfig, env_switch
+from ..config import SparseConfig
 from ..routing import forced_mask
 from .select import _count_ge3, _two_bits
 from .stats2 import _bf16_parts
@@ -146,7 +150,7 @@ def _final_hbar(HPART, HBAR, HBAR_LP, i_bh, NPART, inv_n, t, P, D: tl.constexpr,
 @triton.jit
 def _scores_kernel(
     QBAR, KBAR, Q2, KSIG2, HNORM, SCORE, VBIAS, HPART, HBAR, HBAR_LP,
-    N, NS, NPART, HC, H0, HSUB, band, n_sink, scale, half_s2, ln_b, inv_n,
+    N, NPART, HC, H0, HSUB, band, n_sink, scale, half_s2, ln_b, inv_n,
     D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, PWT: tl.constexpr, COV: tl.constexpr,
     FINAL_H: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr, OFF64: tl.constexpr = 0,
 ):
@@ -160,14 +164,9 @@ def _scores_kernel(
     m_ij = (o_i < N)[:, None] & (o_j < N)[None, :]
     if OFF64:
         o_ij = o_i[:, None].to(tl.int64) * N + o_j[None, :]
-        o_is = o_i[:, None].to(tl.int64) * NS + o_j[None, :]
     else:
         o_ij = o_i[:, None] * N + o_j[None, :]  # int32: N^2 < 2^31
-        o_is = o_i[:, None] * NS + o_j[None, :]
-    # the scores' rows are NS apart (score_stride): with NS a multiple of the tile width every column of a tile
-    # exists, so only the rows are masked and the stores go several floats at a time (the select ignores the
-    # columns from N on)
-    tl.store(SCORE + i_loc.to(tl.int64) * N * NS + o_is, b_s, mask=(o_i < N)[:, None] & (o_j < NS)[None, :])
+    tl.store(SCORE + i_loc.to(tl.int64) * N * N + o_ij, b_s, mask=m_ij)
     tl.store(VBIAS + i_bh.to(tl.int64) * N * N + o_ij, b_vb.to(VBIAS.dtype.element_ty), mask=m_ij)
     if FINAL_H:
         _final_hbar(HPART, HBAR, HBAR_LP, i_bh, NPART, inv_n, i_m * tl.num_programs(1) + i_n,
@@ -177,7 +176,7 @@ def _scores_kernel(
 @triton.jit
 def _select_kernel(
     SCORE, IDX, VBIAS,
-    N, NS, NSEL, HC, H0, HSUB, k_budget, band, n_sink,
+    N, NSEL, HC, H0, HSUB, k_budget, band, n_sink,
     NP2: tl.constexpr, ROWS: tl.constexpr, KP2: tl.constexpr,
 ):
     i_r, i_loc = tl.program_id(0), tl.program_id(1)
@@ -188,8 +187,8 @@ def _select_kernel(
     m_j = o_j < N
     # only the keys stay live through the search: offsets, masks and the forced set are rebuilt after it
     # (fewer registers, more programs per SM; the search is a latency-bound chain of block reductions)
-    b_s = tl.load(SCORE + (i_loc.to(tl.int64) * N + o_i)[:, None] * NS + o_j[None, :],
-                  mask=m_i[:, None] & (o_j < NS)[None, :], other=float("-inf"))
+    b_s = tl.load(SCORE + (i_loc.to(tl.int64) * N + o_i)[:, None] * N + o_j[None, :],
+                  mask=m_i[:, None] & m_j[None, :], other=float("-inf"))
     b_s = tl.where(m_j[None, :], b_s, float("-inf"))
     d_ij = o_i[:, None] - o_j[None, :]
     forced = (((d_ij <= band) & (d_ij >= -band)) | (o_j[None, :] < n_sink)) & m_j[None, :]
@@ -236,22 +235,20 @@ def _select_kernel(
 
 
 def _select(score, idx, vbias, n, kmax, HC, h0, hs, k, common, programs):
-    """The select kernel SELECT_IMPL names over the scores of heads h0 .. h0 + hs (`programs` of them; their rows
-    score.shape[-1] apart)."""
+    """The select kernel SELECT_IMPL names over the scores of heads h0 .. h0 + hs (`programs` of them)."""
     kp2 = max(16, triton.next_power_of_2(kmax))
-    ns = score.shape[-1]
     if SELECT_IMPL == "pieces":
         from . import select as ks
         na, nb, rows, warps = ks.pieces_shape(n)
         ks._select_pieces_kernel[(triton.cdiv(n, rows), programs)](
-            score, idx, vbias, n, ns, kmax, HC, h0, hs, k, *common,
+            score, idx, vbias, n, kmax, HC, h0, hs, k, *common,
             NA=na, NB=nb, ROWS=rows, KP2=kp2, BITS=ks.SELECT_BITS, INTERP=ks.search_steps(), num_warps=warps,
             **({"maxnreg": ks.SELECT_MAXNREG} if ks.SELECT_MAXNREG and not _INTERPRET else {}),
         )
     else:
         np2, rows, warps = _select_shape(n)
         _select_kernel[(triton.cdiv(n, rows), programs)](
-            score, idx, vbias, n, ns, kmax, HC, h0, hs, k, *common, NP2=np2, ROWS=rows, KP2=kp2, num_warps=warps,
+            score, idx, vbias, n, kmax, HC, h0, hs, k, *common, NP2=np2, ROWS=rows, KP2=kp2, num_warps=warps,
         )
 
 
@@ -277,22 +274,7 @@ def route_in_kernel(n: int) -> bool:
 
 def kernel_scratch_bytes(n: int) -> int:
     """Bytes per (batch, head) the kernel routing allocates beyond its outputs: the float32 scores."""
-    return 4 * n * score_stride(n)
-
-
-# the float32 scores' row stride rounded up to a multiple of SCORE_PAD floats (PSA_SCORE_PAD=1/0 overrides; the
-# rows of N floats otherwise): aligned rows let the scores kernel store and the select kernels load several floats
-# per instruction, and the select's keys then take a 4-wide layout whose prefix sums need fewer warp shuffles.
-# Nsight Compute on the H200 (session 25, B38, 720p, N = 1182 unpadded): the select kernel issue-bound (279 M
-# instructions, 84% SM busy), 33% of its stall samples on its scalar row loads and ~15% in the prefix sum of its
-# epilogue (SHFL.UP, one per key register); the scores kernel stores one float per instruction. Off until timed
-SCORE_PAD = 64
-SCORE_PAD_ON = False
-
-
-def score_stride(n: int) -> int:
-    """The routing scores' row stride for N KV blocks (N itself when PSA_SCORE_PAD is off)."""
-    return -(-n // SCORE_PAD) * SCORE_PAD if env_switch("PSA_SCORE_PAD", SCORE_PAD_ON) else n
+    return 4 * n * n
 
 
 def set_route_failed(e) -> None:
@@ -379,10 +361,9 @@ def route(st, cfg: SparseConfig, dtype: torch.dtype, *, score_bytes: int = 256 *
     hargs = (st.hpart, st.hbar, st.hbar_lp) if final_h else (dummy, dummy, dummy)
     npart = st.hpart.shape[2] if final_h else 0
     # the float32 scores exist for one sub-chunk of heads at a time (score_bytes: its budget)
-    ns = score_stride(n)
-    hsub = max(1, min(HC, int(score_bytes // max(1, B * 4 * n * ns))))
+    hsub = max(1, min(HC, int(score_bytes // max(1, B * 4 * n * n))))
     hsub = -(-HC // -(-HC // hsub))  # spread evenly
-    score = torch.empty(B * hsub, n, ns, device=dev, dtype=torch.float32)
+    score = torch.empty(B * hsub, n, n, device=dev, dtype=torch.float32)
     stat_args = (st.qbar, st.kbar, st.q2 if pwt else dummy, st.ksig2 if pwt else dummy,
                  st.hnorm if cov else dummy)
     common = (cfg.band, cfg.n_sink_blocks)
@@ -393,7 +374,7 @@ def route(st, cfg: SparseConfig, dtype: torch.dtype, *, score_bytes: int = 256 *
         for h0 in range(0, HC, hsub):
             hs = min(hsub, HC - h0)
             _scores_kernel[(triton.cdiv(n, SCORE_BM), triton.cdiv(n, SCORE_BN), B * hs)](
-                *stat_args, score, vbias, *hargs, n, ns, npart, HC, h0, hs, *common, scale, 0.5 * scale * scale,
+                *stat_args, score, vbias, *hargs, n, npart, HC, h0, hs, *common, scale, 0.5 * scale * scale,
                 math.log(cfg.block_size), 1.0 / n, D=D, BM=SCORE_BM, BN=SCORE_BN, DK=min(SCORE_DK, D), PWT=pwt,
                 COV=cov, FINAL_H=final_h, PREC=_PREC if prec != "tf32" else prec,
                 SPLIT=int(prec == "bf16x3"), OFF64=int(off64), num_warps=SCORE_WARPS, num_stages=SCORE_STAGES,

@@ -36,14 +36,11 @@ from ..config import env_switch
 
 
 @triton.jit
-def _piece_keys(SCORE, i_loc, o_i, m_i, N, NS, J0: tl.constexpr, NJ: tl.constexpr):
-    """The order-preserving keys of columns J0 .. J0 + NJ of rows o_i (0 past column N). The score rows are NS
-    apart (route.score_stride): read up to NS, so that with NS a multiple of 16 the row starts and the load mask
-    are 16-aligned and the loads go four floats at a time."""
+def _piece_keys(SCORE, i_loc, o_i, m_i, N, J0: tl.constexpr, NJ: tl.constexpr):
     o_j = J0 + tl.arange(0, NJ)
     m_j = o_j < N
-    b_s = tl.load(SCORE + (i_loc.to(tl.int64) * N + o_i)[:, None] * NS + o_j[None, :],
-                  mask=m_i[:, None] & (o_j < NS)[None, :], other=0.0)
+    b_s = tl.load(SCORE + (i_loc.to(tl.int64) * N + o_i)[:, None] * N + o_j[None, :],
+                  mask=m_i[:, None] & m_j[None, :], other=0.0)
     b_bits = b_s.to(tl.int32, bitcast=True)
     b_bits = b_bits ^ ((b_bits >> 31) | (-2147483647 - 1))
     return tl.where(m_j[None, :], b_bits, 0).to(tl.uint32, bitcast=True)
@@ -146,7 +143,7 @@ def _piece_store(IDX, VBIAS, i_bh, o_i, m_i, N, NSEL, sel, base, J0: tl.constexp
 @triton.jit
 def _select_pieces_kernel(
     SCORE, IDX, VBIAS,
-    N, NS, NSEL, HC, H0, HSUB, k_budget, band, n_sink,
+    N, NSEL, HC, H0, HSUB, k_budget, band, n_sink,
     NA: tl.constexpr, NB: tl.constexpr, ROWS: tl.constexpr, KP2: tl.constexpr, BITS: tl.constexpr,
     INTERP: tl.constexpr = 0,
 ):
@@ -155,9 +152,9 @@ def _select_pieces_kernel(
     o_i = i_r * ROWS + tl.arange(0, ROWS)
     m_i = o_i < N
     # columns 0 .. NA and NA .. NA + NB (NB = 0: one piece)
-    k_a = _piece_keys(SCORE, i_loc, o_i, m_i, N, NS, 0, NA)
+    k_a = _piece_keys(SCORE, i_loc, o_i, m_i, N, 0, NA)
     if NB > 0:
-        k_b = _piece_keys(SCORE, i_loc, o_i, m_i, N, NS, NA, NB)
+        k_b = _piece_keys(SCORE, i_loc, o_i, m_i, N, NA, NB)
     else:
         k_b = k_a  # (unused)
     # #forced of row i: the band window [i - band, i + band] within [0, N), plus the sinks [0, n_sink) outside it
