@@ -778,6 +778,15 @@ A22)  # session 21's third call (carry .carry/cs1; ~9.5 min): A21's three failur
         --flux-node --ditlike --shapes wan14,wan14_720,flux > "$OUT/pieces_l.log" 2>&1
     log "pieces rc=$?"
     ;;
+E38)  # session 25's fifth call (carry .carry/cs1; ~3 min): bench/probes/split_clocks.py - the pair kernel's timing
+    # builds (pwt, novt = the exact part, novt+stream = its tile stream alone, stream) back to back at 480p with the SM
+    # clock and power sampled. A38: the node's call runs power-capped at ~1665 MHz. Diagnostic, nothing ships.
+    # Prediction: the stream-only builds run at a higher clock than the exact part (fewer joules per tile), so the
+    # exact part's cycles sit closer to the stream's than its milliseconds (5.47 vs 4.75 ms)
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    timeout -k 10 400 python bench/probes/split_clocks.py > "$OUT/split_clocks.txt" 2>&1
+    log "split_clocks rc=$? $(grep -v RESULT "$OUT/split_clocks.txt" | cut -c1-3000)"
+    ;;
 D38)  # session 25's fourth call (carry .carry/cs1; ~4 min): PSA_SCORE_PAD (kernels/triton/route.py score_stride: the
     # routing scores' rows padded to a multiple of 64 floats, so the scores kernel's stores and the select kernels'
     # loads are aligned; sm_90a SASS of the one-warp select at 720p: 40 scalar LDG -> 10 LDG.128, 476 -> 306 SHFL, 167

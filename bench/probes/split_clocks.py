@@ -1,0 +1,84 @@
+"""H200 probe (session 25): the pair kernel's timing builds (bench/probes/pair_split.py's parts removed one at a time)
+with the SM clock, power and throttle reasons sampled while each runs back to back. A38's clocks probe found the
+node's 480p call power-capped alone (median 1665 MHz, clock-event reason 0x4, SW power cap, at ~690 W); the tile
+stream alone (the consumers only wait for and release their tiles: no GEMMs, no softmax) may run at a higher clock,
+so session 18's "stream floor" (4.75 ms at 480p) may be a floor at a clock the full kernel cannot hold. Per build:
+its time (CUDA events, median), the median SM clock, power, and time x clock (the build's cycles: if the stream's
+cycles match the exact part's, the exact part is stream-bound at its own clock and the gap above the stream's time
+is the power cap's).
+
+Random bf16 [1, 40, T, 128], pwt d 0.125, one precomputed routing; PROBE_T (default 32760), PROBE_SECONDS per build
+(default 3), builds in PROBE_BUILDS (default pwt, novt, novt+stream, stream). Prints
+one line `RESULT {...}`.    python bench/probes/split_clocks.py"""
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, ".")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from clocks import sampler, samples  # noqa: E402
+from kernels.config import SparseConfig  # noqa: E402
+from kernels.cute import fwd as kcf  # noqa: E402
+from kernels.triton import stats as kts  # noqa: E402
+
+SECONDS = float(os.environ.get("PROBE_SECONDS", "3"))
+BUILDS = os.environ.get("PROBE_BUILDS", "pwt,novt,novt+stream,stream").split(",")
+
+
+def main():
+    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "seconds": SECONDS}
+    path = tempfile.NamedTemporaryFile(suffix=".csv", delete=False).name
+    proc = sampler(path)
+    for T in [int(t) for t in os.environ.get("PROBE_T", "32760").split(",")]:
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(1, 40, T, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        cfg = SparseConfig(density=0.125, variant="pwt", band=1, n_sink_blocks=0, scale=128 ** -0.5)
+        st = kts.block_stats(q, k, v, cfg)
+        idx, vbias = kts.route(st, cfg, q.dtype)
+        out = torch.empty_like(q)
+        for b in BUILDS:
+            p = "" if b == "pwt" else b
+            kcf.attention(q, k, v, out, st, idx, vbias, cfg, probe=p)  # compile
+        torch.cuda.synchronize()
+        time.sleep(1.0)
+        dT = res[str(T)] = {}
+        for b in BUILDS:
+            p = "" if b == "pwt" else b
+            ev = []
+            t0 = time.time()
+            while time.time() - t0 < SECONDS:
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                kcf.attention(q, k, v, out, st, idx, vbias, cfg, probe=p)
+                e1.record()
+                ev.append((e0, e1))
+                if len(ev) % 8 == 0:
+                    torch.cuda.synchronize()
+            torch.cuda.synchronize()
+            t1 = time.time()
+            ms = sorted(e0.elapsed_time(e1) for e0, e1 in ev)
+            d = dT[b] = {"iterations": len(ms), "ms_median": statistics.median(ms),
+                         "ms_p10_p90": [ms[len(ms) // 10], ms[(9 * len(ms)) // 10]]}
+            time.sleep(0.2)
+            if proc is not None:
+                rows = samples(path, t0 + 0.5, t1)
+                if rows:
+                    d["sm_clock_mhz_median"] = statistics.median(r[0] for r in rows)
+                    d["power_w_median"] = statistics.median(r[1] for r in rows)
+                    d["throttle_reasons"] = sorted({r[3] for r in rows})
+                    d["samples"] = len(rows)
+                    d["mcycles"] = round(d["ms_median"] * d["sm_clock_mhz_median"] / 1000.0, 3)  # ms x MHz / 1e3
+            print(T, b, json.dumps(d), flush=True)
+        del q, k, v, st, idx, vbias, out
+        torch.cuda.empty_cache()
+    if proc is not None:
+        proc.terminate()
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+main()
