@@ -778,6 +778,15 @@ A22)  # session 21's third call (carry .carry/cs1; ~9.5 min): A21's three failur
         --flux-node --ditlike --shapes wan14,wan14_720,flux > "$OUT/pieces_l.log" 2>&1
     log "pieces rc=$?"
     ;;
+F38)  # session 25's sixth call (carry .carry/cs1; ~2 min): E38 found the exact part (novt) at 1620 MHz / 693 W, power-capped,
+    # in 8.58 M cycles, and its tile stream alone at 1980 MHz / 439 W in 8.98 M cycles: at its own clock the exact
+    # part is at its stream. Where its joules go: the exact part without its GEMMs (loads + softmax) and without its
+    # softmax (loads + GEMMs), at 480p and 720p, with the exact part and its stream again. Diagnostic, nothing ships
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    PROBE_T=32760,75600 PROBE_BUILDS=novt,novt+stream,novt+nogemm,novt+nosoftmax timeout -k 10 400 \
+        python bench/probes/split_clocks.py > "$OUT/split_clocks_parts.txt" 2>&1
+    log "split_clocks rc=$? $(grep -v RESULT "$OUT/split_clocks_parts.txt" | cut -c1-4000)"
+    ;;
 E38)  # session 25's fifth call (carry .carry/cs1; ~3 min): bench/probes/split_clocks.py - the pair kernel's timing
     # builds (pwt, novt = the exact part, novt+stream = its tile stream alone, stream) back to back at 480p with the SM
     # clock and power sampled. A38: the node's call runs power-capped at ~1665 MHz. Diagnostic, nothing ships.
