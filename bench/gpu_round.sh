@@ -778,6 +778,18 @@ A22)  # session 21's third call (carry .carry/cs1; ~9.5 min): A21's three failur
         --flux-node --ditlike --shapes wan14,wan14_720,flux > "$OUT/pieces_l.log" 2>&1
     log "pieces rc=$?"
     ;;
+G38b)  # session 25's seventh call (carry .carry/cs1; ~4 min): split_clocks.py on DiT-like Morton-ordered inputs (480p grid;
+    # adjacent query blocks' lists share ~61% of their blocks), the pair kernel with a pipeline per list against the
+    # shared exact pipeline (PAIR_SHARE: each shared tile loaded once, ~30% fewer tile bytes; session 10 measured it
+    # 13% slower on these inputs). Under E38 / F38's power model the question is whether the shared pipeline runs
+    # below the cap (pacing-bound: higher clock, lower power) with fewer joules: then a better-paced union schedule
+    # has room. Diagnostic, nothing ships. Prediction: share below the cap (>= 1800 MHz, < 650 W), its energy per call
+    # ~10% below the own-list pipeline's
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    PROBE_INPUTS=ditlike PROBE_BUILDS=novt,share:novt,novt+stream,share:novt+stream,pwt,share:pwt timeout -k 10 500 \
+        python bench/probes/split_clocks.py > "$OUT/split_clocks_share.txt" 2>&1
+    log "split_clocks rc=$? $(grep -v RESULT "$OUT/split_clocks_share.txt" | cut -c1-4000)"
+    ;;
 F38)  # session 25's sixth call (carry .carry/cs1; ~2 min): E38 found the exact part (novt) at 1620 MHz / 693 W, power-capped,
     # in 8.58 M cycles, and its tile stream alone at 1980 MHz / 439 W in 8.98 M cycles: at its own clock the exact
     # part is at its stream. Where its joules go: the exact part without its GEMMs (loads + softmax) and without its

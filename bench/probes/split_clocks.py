@@ -8,8 +8,12 @@ cycles match the exact part's, the exact part is stream-bound at its own clock a
 is the power cap's).
 
 Random bf16 [1, 40, T, 128], pwt d 0.125, one precomputed routing; PROBE_T (default 32760), PROBE_SECONDS per build
-(default 3), builds in PROBE_BUILDS (default pwt, novt, novt+stream, stream). Prints
-one line `RESULT {...}`.    python bench/probes/split_clocks.py"""
+(default 3), builds in PROBE_BUILDS (default pwt, novt, novt+stream, stream; a "share:" prefix runs the build with
+the pair kernel's shared exact pipeline, fwd_pair.py share=True). PROBE_INPUTS=ditlike: kernels/synthetic.py's
+DiT-like q, k, v on Wan2.1-14B 480p's grid (21, 30, 52), Morton-ordered as the node orders them (adjacent query
+blocks' lists share ~61% of their blocks; T is then 32760). Prints one line `RESULT {...}`.
+
+    python bench/probes/split_clocks.py"""
 import json
 import os
 import statistics
@@ -34,27 +38,42 @@ def main():
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "seconds": SECONDS}
     path = tempfile.NamedTemporaryFile(suffix=".csv", delete=False).name
     proc = sampler(path)
+    ditlike = os.environ.get("PROBE_INPUTS", "") == "ditlike"
+    res["inputs"] = "ditlike-morton" if ditlike else "random"
     for T in [int(t) for t in os.environ.get("PROBE_T", "32760").split(",")]:
         torch.manual_seed(0)
-        q, k, v = (torch.randn(1, 40, T, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        if ditlike:
+            from kernels.reorder import apply_reorder, orders_on
+            from kernels.synthetic import dit_like_qkv
+            grid = (21, 30, 52)
+            perm, _ = orders_on(grid, torch.device("cuda"))
+            q, k, v = (apply_reorder(x.cuda(), perm, 0).contiguous()
+                       for x in dit_like_qkv(grid, heads=40, head_dim=128, dtype=torch.bfloat16))
+            T = q.shape[2]
+        else:
+            q, k, v = (torch.randn(1, 40, T, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         cfg = SparseConfig(density=0.125, variant="pwt", band=1, n_sink_blocks=0, scale=128 ** -0.5)
         st = kts.block_stats(q, k, v, cfg)
         idx, vbias = kts.route(st, cfg, q.dtype)
         out = torch.empty_like(q)
+        def call(b):
+            share = b.startswith("share:")
+            p = b.split(":")[-1]
+            p = "" if p == "pwt" else p
+            return kcf.attention(q, k, v, out, st, idx, vbias, cfg, probe=p, **({"share": True} if share else {}))
+
         for b in BUILDS:
-            p = "" if b == "pwt" else b
-            kcf.attention(q, k, v, out, st, idx, vbias, cfg, probe=p)  # compile
+            call(b)  # compile
         torch.cuda.synchronize()
         time.sleep(1.0)
         dT = res[str(T)] = {}
         for b in BUILDS:
-            p = "" if b == "pwt" else b
             ev = []
             t0 = time.time()
             while time.time() - t0 < SECONDS:
                 e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 e0.record()
-                kcf.attention(q, k, v, out, st, idx, vbias, cfg, probe=p)
+                call(b)
                 e1.record()
                 ev.append((e0, e1))
                 if len(ev) % 8 == 0:
