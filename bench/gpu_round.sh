@@ -778,6 +778,13 @@ A22)  # session 21's third call (carry .carry/cs1; ~9.5 min): A21's three failur
         --flux-node --ditlike --shapes wan14,wan14_720,flux > "$OUT/pieces_l.log" 2>&1
     log "pieces rc=$?"
     ;;
+H38)  # session 25's eighth call (carry .carry/cs1; ~1.5 min): the idle GPU's power (split_clocks.py's new first phase),
+    # for the static share in F38's joules (assumed ~150 W), then the exact part and its stream once more at 480p.
+    # Diagnostic, nothing ships
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    PROBE_BUILDS=novt,novt+stream timeout -k 10 300 python bench/probes/split_clocks.py > "$OUT/split_clocks_idle.txt" 2>&1
+    log "split_clocks rc=$? $(grep -v RESULT "$OUT/split_clocks_idle.txt" | cut -c1-2000)"
+    ;;
 G38b)  # session 25's seventh call (carry .carry/cs1; ~4 min): split_clocks.py on DiT-like Morton-ordered inputs (480p grid;
     # adjacent query blocks' lists share ~61% of their blocks), the pair kernel with a pipeline per list against the
     # shared exact pipeline (PAIR_SHARE: each shared tile loaded once, ~30% fewer tile bytes; session 10 measured it

@@ -38,6 +38,15 @@ def main():
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "seconds": SECONDS}
     path = tempfile.NamedTemporaryFile(suffix=".csv", delete=False).name
     proc = sampler(path)
+    if proc is not None:  # the idle GPU first: the static share of every build's power
+        time.sleep(0.5)
+        t0 = time.time()
+        time.sleep(SECONDS)
+        rows = samples(path, t0, time.time())
+        if rows:
+            res["idle"] = {"sm_clock_mhz_median": statistics.median(r[0] for r in rows),
+                           "power_w_median": statistics.median(r[1] for r in rows), "samples": len(rows)}
+            print("idle", json.dumps(res["idle"]), flush=True)
     ditlike = os.environ.get("PROBE_INPUTS", "") == "ditlike"
     res["inputs"] = "ditlike-morton" if ditlike else "random"
     for T in [int(t) for t in os.environ.get("PROBE_T", "32760").split(",")]:
