@@ -815,7 +815,8 @@ E38)  # session 25's fifth call (carry .carry/cs1; ~3 min): bench/probes/split_c
     timeout -k 10 400 python bench/probes/split_clocks.py > "$OUT/split_clocks.txt" 2>&1
     log "split_clocks rc=$? $(grep -v RESULT "$OUT/split_clocks.txt" | cut -c1-3000)"
     ;;
-D38)  # session 25's fourth call (carry .carry/cs1; ~4 min): PSA_SCORE_PAD (kernels/triton/route.py score_stride: the
+D38)  # (historical: the build and its test were removed after this call; commit 88f14ae has them)
+    # session 25's fourth call (carry .carry/cs1; ~4 min): PSA_SCORE_PAD (kernels/triton/route.py score_stride: the
     # routing scores' rows padded to a multiple of 64 floats, so the scores kernel's stores and the select kernels'
     # loads are aligned; sm_90a SASS of the one-warp select at 720p: 40 scalar LDG -> 10 LDG.128, 476 -> 306 SHFL, 167
     # -> 137 registers; the scores kernel 70 -> 46 STG). (1) its GPU test (bitwise the unpadded lists, bias and
@@ -830,7 +831,8 @@ D38)  # session 25's fourth call (carry .carry/cs1; ~4 min): PSA_SCORE_PAD (kern
     log "route_switch rc=$? $(grep -v RESULT "$OUT/route_pad.txt" | cut -c1-3000)"
     PSA_SCORE_PAD=1 run_tests tri_pad $((560 - SECONDS)) tests/test_triton_gpu.py tests/test_nonfinite.py
     ;;
-C38)  # session 25's third call (carry .carry/cs1; ~5 min): PSA_SCORE_PRESPLIT (kernels/triton/route.py: the scores'
+C38)  # (historical: the build, its test and score_presplit.py were removed after this call; commit 4db87df has them)
+    # session 25's third call (carry .carry/cs1; ~5 min): PSA_SCORE_PRESPLIT (kernels/triton/route.py: the scores'
     # bfloat16 parts split once per call by _split_kernel, not in every tile; B38's profile put 20% of the scores
     # kernel's stall samples on F2F). (1) its GPU test (bitwise the default's lists, bias and output), then the
     # Triton and non-finite GPU files with it on; (2) bench/probes/score_presplit.py: route() at 720p / 480p / FLUX.1,
