@@ -778,6 +778,28 @@ A22)  # session 21's third call (carry .carry/cs1; ~9.5 min): A21's three failur
         --flux-node --ditlike --shapes wan14,wan14_720,flux > "$OUT/pieces_l.log" 2>&1
     log "pieces rc=$?"
     ;;
+I38)  # session 25's last call (carry .carry/cs1; <= 330 s, the device time left): PSA_CUTE_SHARE_KINDS, built on the
+    # CPU this session (fwd_pair.py share_kinds, pair_sched._k_*: the shared exact pipeline with a full barrier per
+    # owner kind and slot; each consumer waits for and releases only its own tiles; the protocol checked down to its
+    # barrier phases by tests/test_union_barrier_model.py). (1) the shared pipeline's crafted-list tests with it on,
+    # stopping at the first failure, cut at 100 s (a hang is a protocol bug); (2) split_clocks.py on DiT-like Morton
+    # inputs at 480p: novt per list, share:novt, kinds:novt. Prediction: kinds below share's 5.82 ms and its 4.02 J,
+    # toward the ~3.2 J budget (G38b); whether it beats the per-list 5.16 ms is the question. Rule set now: nothing
+    # ships this session (PAIR_SHARE stays off); SHARE_KINDS becomes the shared pipeline's default if its tests pass
+    # and kinds:novt is faster than share:novt; (3) the rest of the shared pipeline's tests with it on, as time allows
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || { log "cutlass-dsl not importable"; exit 1; }
+    log "pytest kinds smoke"
+    PSA_CUTE_SHARE_KINDS=1 timeout -k 10 100 python -m pytest -q -x -p no:cacheprovider -m gpu \
+        tests/test_cute_pair_gpu.py -k "shared_exact_tiles_crafted" > "$OUT/tests_kinds_smoke.log" 2>&1
+    SMOKE=$?
+    log "pytest kinds smoke rc=$SMOKE $(tail -1 "$OUT/tests_kinds_smoke.log")"
+    if [ "$SMOKE" = 0 ]; then
+        PROBE_INPUTS=ditlike PROBE_BUILDS=novt,share:novt,kinds:novt timeout -k 10 110 \
+            python bench/probes/split_clocks.py > "$OUT/split_clocks_kinds.txt" 2>&1
+        log "split_clocks rc=$? $(grep -v RESULT "$OUT/split_clocks_kinds.txt" | cut -c1-3000)"
+        PSA_CUTE_SHARE_KINDS=1 run_tests kinds_share $((300 - SECONDS)) tests/test_cute_pair_gpu.py -k "share"
+    fi
+    ;;
 H38)  # session 25's eighth call (carry .carry/cs1; ~1.5 min): the idle GPU's power (split_clocks.py's new first phase),
     # for the static share in F38's joules (assumed ~150 W), then the exact part and its stream once more at 480p.
     # Diagnostic, nothing ships

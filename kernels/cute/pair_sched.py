@@ -97,6 +97,105 @@ class PairSchedule:
             h.release()
         return kv_cons
 
+    # ---- share_kinds: the shared exact ring with one full barrier per owner kind and slot (kinds 0 / 1: that
+    # consumer's list alone, 2: both), the empty barriers per slot; barrier i of kind k at base + k R + i, the empty
+    # ones at base + 3 R + i (R = 2 kv_stages). tests/test_union_barrier_model.py models this protocol ("kinds").
+    @cute.jit
+    def _k_init(self, base):
+        """One thread: the 3 R full barriers (one producer arrival + the tile's bytes) and R empty ones (8 consumer
+        warps: a single-owner tile's other four arrivals come from the producer)."""
+        R = 2 * self.kv_stages
+        for i in cutlass.range_constexpr(3 * R):
+            cute.arch.mbarrier_init(base + i, 1)
+        for i in cutlass.range_constexpr(R):
+            cute.arch.mbarrier_init(base + 3 * R + i, 8)
+
+    @cute.jit
+    def _k_produce(self, base, pos, kind, tma, src, dst):
+        """Warp 0: union position pos (K of union block i at 2 i, its V at 2 i + 1) into slot pos % R once its last
+        use is released, on the full barrier of `kind`; for a single-owner tile the other consumer's four arrivals on
+        the empty barrier right away (they count toward this use: the slot was just acquired)."""
+        R = 2 * self.kv_stages
+        s = pos % R
+        cute.arch.mbarrier_wait(base + 3 * R + s, ((pos // R) % 2) ^ 1)
+        full = base + kind * R + s
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive_and_expect_tx(full, self.kv_bytes)
+        cute.copy(tma, src, dst[(None, s)], tma_bar_ptr=full)
+        if kind != 2:
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive(base + 3 * R + s, arrive_count=4)
+
+    @cute.jit
+    def _k_wait(self, base, pos, sh, c, m_own, m_sh):
+        """Consumer c: wait for its tile at union position pos (sh = 1: both lists hold it), on the barrier of its
+        kind with that (kind, slot)'s own phase bit (every phase of such a barrier is waited for, in order, by each
+        consumer that waits on it). Returns (slot, m_own, m_sh), the phase bits flipped."""
+        R = 2 * self.kv_stages
+        s = pos % R
+        kind = sh * 2 + (1 - sh) * c
+        bit = ((sh * m_sh + (1 - sh) * m_own) >> s) & 1
+        cute.arch.mbarrier_wait(base + kind * R + s, bit)
+        flip = cutlass.Int32(1) << s
+        return s, m_own ^ (flip * (1 - sh)), m_sh ^ (flip * sh)
+
+    @cute.jit
+    def _k_release(self, base, pos):
+        """Consumer: one arrival per warp on the empty barrier of pos's slot."""
+        R = 2 * self.kv_stages
+        if cute.arch.lane_idx() == 0:
+            cute.arch.mbarrier_arrive(base + 3 * R + pos % R)
+
+    @cute.jit
+    def _k_next(self, sL, c, u, n_valid, n_o, n_kv, jo, iu):
+        """Own tile u's union block index and whether both lists hold it, from the previous own tile's index iu
+        (-1 before the first): the other list's blocks below it are the gap (_gap). Returns (iu', sh, g, jo')."""
+        g = cutlass.Int32(0)
+        sh = cutlass.Int32(0)
+        if u < n_valid:
+            jo0 = jo
+            g, jo = self._gap(sL, 1 - c, jo, n_o, n_kv, sL[u, c])
+            sh = jo - jo0 - g
+        return iu + 1 + g, sh, g, jo
+
+    @cute.jit
+    def _kinds_step(self, qk_mma, pv_mma, acc_s, acc_o, tOrP, sQi, tSrK, tOrV, kbase, c, sL, u, n_valid, n_o, n_kv,
+                    iu, sh, iu_n, sh_n, g, jo, m_own, m_sh, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt,
+                    tScS, is_tail, rem):
+        """share_kinds: exact step u >= 1 (fwd_pair's _exact_step): V of own tile u - 1 (union block iu, sh) and K of
+        own tile u (iu_n, sh_n; g blocks of the other list between them), the other list's tiles never waited for.
+        Across a gap of more than gap_max blocks that P V goes first (the producer needs V's slot before K's tile).
+        Every wgmma group ends inside its branch. Returns the state one own tile on: (iu, sh, iu_n, sh_n, g, jo,
+        m_own, m_sh)."""
+        sv, m_own, m_sh = self._k_wait(kbase, 2 * iu + 1, sh, c, m_own, m_sh)
+        iu2 = iu_n
+        sh2 = sh_n
+        g2 = g
+        jo2 = jo
+        if g > self.gap_max:
+            self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, sv)])
+            warpgroup.wait_group(0)
+            self._k_release(kbase, 2 * iu + 1)
+            sk, m_own, m_sh = self._k_wait(kbase, 2 * iu_n, sh_n, c, m_own, m_sh)
+            self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, sk)])
+            iu2, sh2, g2, jo2 = self._k_next(sL, c, u + 1, n_valid, n_o, n_kv, jo, iu_n)  # under the GEMM
+            warpgroup.wait_group(0)
+            self._k_release(kbase, 2 * iu_n)
+            self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, False,
+                               is_tail, rem, False)
+        else:
+            sk, m_own, m_sh = self._k_wait(kbase, 2 * iu_n, sh_n, c, m_own, m_sh)
+            self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, sk)])
+            self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, sv)])
+            iu2, sh2, g2, jo2 = self._k_next(sL, c, u + 1, n_valid, n_o, n_kv, jo, iu_n)  # under the GEMMs
+            warpgroup.wait_group(1)  # S ready; P V may still run
+            self._k_release(kbase, 2 * iu_n)
+            self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, False,
+                               is_tail, rem, False)
+            self._pv_wait(False, row_sum)
+            self._k_release(kbase, 2 * iu + 1)
+        return iu_n, sh_n, iu2, sh2, g2, jo2, m_own, m_sh
+
     @cute.jit
     def _ahead_exact(self, qk_mma, pv_mma, acc_s, sbuf, acc_o, tOrP, sQi, tSrK, tOrV, koff, kv_cons, row_max,
                      row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, n_valid, kk_tail, rem):
