@@ -778,7 +778,8 @@ A22)  # session 21's third call (carry .carry/cs1; ~9.5 min): A21's three failur
         --flux-node --ditlike --shapes wan14,wan14_720,flux > "$OUT/pieces_l.log" 2>&1
     log "pieces rc=$?"
     ;;
-I38)  # session 25's last call (carry .carry/cs1; <= 330 s, the device time left): PSA_CUTE_SHARE_KINDS, built on the
+I38)  # (historical: the build was removed after this call; commit e770827 has it, split_clocks.py's kinds: prefix too)
+    # session 25's last call (carry .carry/cs1; <= 330 s, the device time left): PSA_CUTE_SHARE_KINDS, built on the
     # CPU this session (fwd_pair.py share_kinds, pair_sched._k_*: the shared exact pipeline with a full barrier per
     # owner kind and slot; each consumer waits for and releases only its own tiles; the protocol checked down to its
     # barrier phases by tests/test_union_barrier_model.py). (1) the shared pipeline's crafted-list tests with it on,

@@ -118,11 +118,6 @@ for recip, share, qp, peel, pp in ((False, False, False, False, False), (True, F
     builds.append((name, lambda a=(4, 3, D, "", recip, share, qp, peel, pp): FP.PairFwdSm90(*a), vb, 168))
 builds.append(("pisa/pwt pair recip tree", lambda: FP.PairFwdSm90(4, 3, D, "", True, tree_max=True, tree_sum=True),
                vb, 168))
-# the shared exact pipeline with a full barrier per owner kind and slot (fwd.SHARE_KINDS, session 25)
-builds.append(("pisa/pwt pair recip share kinds", lambda: FP.PairFwdSm90(4, 3, D, "", True, True,
-                                                                          share_kinds=True), vb, 168))
-builds.append(("pisa/pwt pair recip share q_perm kinds",
-               lambda: FP.PairFwdSm90(4, 3, D, "", True, True, True, share_kinds=True), vb, 168))
 # the P V fence (fwd.PV_FENCE / PV_FENCE_VT) and the S GEMM one tile ahead (fwd.S_AHEAD)
 builds.append(("pisa/pwt pair recip pv_fence s_ahead", lambda: FP.PairFwdSm90(4, 3, D, "", True, s_ahead=True,
                                                                                pv_fence=True, pv_fence_vt=True),

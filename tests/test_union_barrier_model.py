@@ -17,7 +17,10 @@ beat, and worked out on paper why the cheaper protocols one would try next break
 
 Each consumer holds its last V slot across a gap of at most gap_max blocks (FlashAttention-3's overlap, as the
 kernel does). Expected: `today` and `kinds` never deadlock or read a stale slot under random interleavings; `skip`
-and `inorder` do for some. CPU only; nothing here runs the kernel."""
+and `inorder` do for some. CPU only; nothing here runs the kernel. The `kinds` protocol was built into the pair kernel
+in session 25 (commit e770827) and passed every shared-pipeline GPU test on the H200, first run, but measured slower
+than today's (kernels/cute/switches.py), so the kernel keeps today's; the model stays as the check for the next
+union schedule."""
 import random
 
 import pytest

@@ -9,8 +9,7 @@ is the power cap's).
 
 Random bf16 [1, 40, T, 128], pwt d 0.125, one precomputed routing; PROBE_T (default 32760), PROBE_SECONDS per build
 (default 3), builds in PROBE_BUILDS (default pwt, novt, novt+stream, stream; a "share:" prefix runs the build with
-the pair kernel's shared exact pipeline, fwd_pair.py share=True; "kinds:" the same with its owner-kind barriers,
-fwd.SHARE_KINDS). PROBE_INPUTS=ditlike: kernels/synthetic.py's
+the pair kernel's shared exact pipeline, fwd_pair.py share=True). PROBE_INPUTS=ditlike: kernels/synthetic.py's
 DiT-like q, k, v on Wan2.1-14B 480p's grid (21, 30, 52), Morton-ordered as the node orders them (adjacent query
 blocks' lists share ~61% of their blocks; T is then 32760). Prints one line `RESULT {...}`.
 
@@ -67,9 +66,7 @@ def main():
         idx, vbias = kts.route(st, cfg, q.dtype)
         out = torch.empty_like(q)
         def call(b):
-            share = b.startswith(("share:", "kinds:"))
-            if share:  # "kinds:": the shared pipeline with a full barrier per owner kind (fwd.SHARE_KINDS)
-                os.environ["PSA_CUTE_SHARE_KINDS"] = "1" if b.startswith("kinds:") else "0"
+            share = b.startswith("share:")
             p = b.split(":")[-1]
             p = "" if p == "pwt" else p
             return kcf.attention(q, k, v, out, st, idx, vbias, cfg, probe=p, **({"share": True} if share else {}))

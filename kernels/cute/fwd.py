@@ -75,7 +75,7 @@ IMPORT_ERROR = None  # this module only imports when nvidia-cutlass-dsl does (ke
 D_SUPPORTED = 128
 from .switches import (  # noqa: E402  the switches and their measured history
     Q_RS, BIAS_L2, BIAS_PF, OUT_PERM, PAIR_OUT_PERM, Q_PERM, PAIR_MIN_BLOCKS, RECIP_STORE, PAIR_SHARE,
-    SHARE_KINDS, PAIR_SHARE_MAX_SEL, PAIR_Q_PERM, PAIR_VT_STAGES, VT_PEEL, PINGPONG, TREE_MAX, TREE_SUM, S_AHEAD, PV_FENCE,
+    PAIR_SHARE_MAX_SEL, PAIR_Q_PERM, PAIR_VT_STAGES, VT_PEEL, PINGPONG, TREE_MAX, TREE_SUM, S_AHEAD, PV_FENCE,
     PV_FENCE_VT, PV_PIN, TMA_STORE, TMA_STORE_ONE, S_AHEAD_VT, PAIR_DROP)
 
 
@@ -557,7 +557,6 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
                  "exceed the shared exact pipeline's %d: a pipeline per list", idx.shape[-1], PAIR_SHARE_MAX_SEL)
         share = False
     pingpong = pingpong and not share
-    share_kinds = share and _env_flag("PSA_CUTE_SHARE_KINDS", SHARE_KINDS)
     tree_max = _env_flag("PSA_CUTE_TREE_MAX", TREE_MAX)
     tree_sum = _env_flag("PSA_CUTE_TREE_SUM", TREE_SUM)
     s_ahead = pair and not share and not pingpong and stages >= 3 and _env_flag("PSA_CUTE_S_AHEAD", S_AHEAD)
@@ -572,7 +571,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
                                   else _env_flag("PSA_CUTE_TMA_STORE_ONE", TMA_STORE_ONE))
     key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm, vt_stages, probe, recip, share,
            bool(q_perm), vt_peel, pingpong, tree_max, tree_sum, s_ahead, pv_fence, pv_fence_vt, pv_pin, s_ahead_vt,
-           tma_store, share_kinds)
+           tma_store)
     args = [_cute(x) for x in (q, k, v, out, kb, vm, hb)]
     args += [from_dlpack(vb.detach(), assumed_align=vb.element_size()).mark_layout_dynamic(leading_dim=3),
              from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3),
@@ -592,8 +591,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
                     kern = PairFwdSm90(stages, vt_stages, D, probe, recip, share, bool(q_perm), vt_peel,
                                        pingpong, tree_max=tree_max, tree_sum=tree_sum, s_ahead=s_ahead,
                                        pv_fence=pv_fence, pv_fence_vt=pv_fence_vt, pv_pin=pv_pin,
-                                       s_ahead_vt=s_ahead_vt, out_perm=out_perm, tma_store=tma_store,
-                                       share_kinds=share_kinds)
+                                       s_ahead_vt=s_ahead_vt, out_perm=out_perm, tma_store=tma_store)
                 else:
                     kern = PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2, bias_pf, out_perm, bool(q_perm),
                                                   tree_max=tree_max, tree_sum=tree_sum, pv_fence=pv_fence,

@@ -84,7 +84,7 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                  recip_store: bool = False, share: bool = False, q_perm: bool = False, vt_peel: bool = False,
                  pingpong: bool = False, tree_max: bool = False, tree_sum: bool = False, s_ahead: bool = False,
                  pv_fence: bool = False, pv_fence_vt: bool = False, pv_pin: bool = False, s_ahead_vt: bool = False,
-                 out_perm: bool = False, tma_store: bool = False, share_kinds: bool = False):
+                 out_perm: bool = False, tma_store: bool = False):
         # q_perm (Morton): query row t read from row mPerm[t] of the caller's q into the consumer's registers, the
         # output written through mPerm (fwd.py's q_perm); out_perm alone: only the output rows (fwd.PAIR_OUT_PERM)
         super().__init__(True, kv_stages, head_dim, q_rs=True, out_perm=q_perm or out_perm, q_perm=q_perm,
@@ -98,9 +98,6 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
         # one exact-tile pipeline for both consumers, fed with the union of their two lists (a block both lists
         # hold is loaded once; a consumer waits for and releases the tiles of the other list without using them)
         self.share = share
-        # share: a full barrier per owner kind and slot, each consumer waiting for its own tiles only and the producer
-        # arriving on a single-owner tile's empty barrier for the other one (pair_sched._k_*; fwd.SHARE_KINDS)
-        self.share_kinds = share and share_kinds
         # a consumer holds its last V tile while it passes over tiles of the other list; past this many it first
         # finishes that P V (an exact pipeline of 2 x kv_stages slots then never waits for a slot it holds)
         self.gap_max = kv_stages - 1
@@ -145,7 +142,7 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
         @cute.struct
         class Smem:
             q_bar: cute.struct.MemRange[cutlass.Int64, 4]
-            kv_bar: cute.struct.MemRange[cutlass.Int64, (8 if self.share_kinds else 4) * self.kv_stages]
+            kv_bar: cute.struct.MemRange[cutlass.Int64, 4 * self.kv_stages]
             vp_bar: cute.struct.MemRange[cutlass.Int64, 2 * self.vt_stages]
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
             sKV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
@@ -268,12 +265,7 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
         q_pipes = [pipeline.PipelineTmaAsync.create(
             barrier_storage=st.q_bar.data_ptr() + 2 * c, num_stages=1, producer_group=one,
             consumer_group=wg_warps, tx_count=self.q_bytes, defer_sync=True) for c in range(2)]
-        kbase = st.kv_bar.data_ptr()
-        if cutlass.const_expr(self.share_kinds):  # hand-built barriers (pair_sched._k_init)
-            kv_pipes = None
-            if tidx == 0:
-                self._k_init(kbase)
-        elif cutlass.const_expr(self.share):  # one pipeline of 2 S stages that all 8 consumer warps release
+        if cutlass.const_expr(self.share):  # one pipeline of 2 S stages that all 8 consumer warps release
             kv_pipes = [pipeline.PipelineTmaAsync.create(
                 barrier_storage=st.kv_bar.data_ptr(), num_stages=2 * S, producer_group=one,
                 consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8), tx_count=self.kv_bytes,
@@ -317,8 +309,7 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                         h = q_prod.acquire_and_advance()
                         cute.copy(tma_q, tQg[(None, i_o if c else i_a, 0, hb)], tQs[(None, c)],
                                   tma_bar_ptr=h.barrier)
-                    if cutlass.const_expr(not self.share_kinds):
-                        kv_prod, _ = kv_pipes[0].make_participants()
+                    kv_prod, _ = kv_pipes[0].make_participants()
                     n_a, _ = self._list_scan(mIdx, i_b, i_h, i_a, n_sel, n_kv, BS)
                     n_o, _ = self._list_scan(mIdx, i_b, i_h, i_o, n_sel, n_kv, BS)
                     ja = cutlass.Int32(0)
@@ -326,22 +317,11 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                     va = self._head(sL, 0, ja, n_a, n_kv)
                     vo = self._head(sL, 1, jo, n_o, n_kv)
                     j = cutlass.min(va, vo)
-                    pos = cutlass.Int32(0)  # (share_kinds) K of this union block's position in the ring
                     while j < n_kv:
-                        if cutlass.const_expr(self.share_kinds):
-                            kind = cutlass.Int32(2)  # both lists, else the one consumer whose list holds j
-                            if va != vo:
-                                kind = cutlass.Int32(1)
-                                if va == j:
-                                    kind = cutlass.Int32(0)
-                            self._k_produce(kbase, pos, kind, tma_k, tKg[(None, j, 0, hb)], tKs)
-                            self._k_produce(kbase, pos + 1, kind, tma_v, tVg[(None, 0, j, hb)], tVs)
-                            pos = pos + 2
-                        else:
-                            hk = kv_prod.acquire_and_advance()
-                            cute.copy(tma_k, tKg[(None, j, 0, hb)], tKs[(None, hk.index)], tma_bar_ptr=hk.barrier)
-                            hk = kv_prod.acquire_and_advance()
-                            cute.copy(tma_v, tVg[(None, 0, j, hb)], tVs[(None, hk.index)], tma_bar_ptr=hk.barrier)
+                        hk = kv_prod.acquire_and_advance()
+                        cute.copy(tma_k, tKg[(None, j, 0, hb)], tKs[(None, hk.index)], tma_bar_ptr=hk.barrier)
+                        hk = kv_prod.acquire_and_advance()
+                        cute.copy(tma_v, tVg[(None, 0, j, hb)], tVs[(None, hk.index)], tma_bar_ptr=hk.barrier)
                         if va == j:
                             ja = ja + 1
                             va = self._head(sL, 0, ja, n_a, n_kv)
@@ -384,10 +364,7 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
             if i_q >= n_kv:
                 i_q = n_kv - 1
             _, q_cons = _pipe_view(q_pipes[0], 2 * c).make_participants()
-            if cutlass.const_expr(self.share_kinds):
-                kv_cons = None
-                koff = 0
-            elif cutlass.const_expr(self.share):
+            if cutlass.const_expr(self.share):
                 _, kv_cons = kv_pipes[0].make_participants()
                 koff = 0
             else:
@@ -464,16 +441,7 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                 jo = cutlass.Int32(0)  # the other list's cursor
                 i_o = cutlass.min(2 * i_p + 1 - c, n_kv - 1)  # the other warpgroup's query block
                 n_o, _ = self._list_scan(mIdx, i_b, i_h, i_o, n_sel, n_kv, BS)
-                if cutlass.const_expr(self.share_kinds):
-                    # own tiles only: their union block index (iu, the previous one's; iu_n, the next one's), whether
-                    # both lists hold them (sh, sh_n), a phase bit per (kind, slot) (m_own, m_sh)
-                    iu = cutlass.Int32(-1)
-                    sh = cutlass.Int32(0)
-                    iu_n = cutlass.Int32(-1)
-                    sh_n = cutlass.Int32(0)
-                    m_own = cutlass.Int32(0)
-                    m_sh = cutlass.Int32(0)
-                elif n_valid == 0:  # every union tile is the other list's
+                if n_valid == 0:  # every union tile is the other list's
                     kv_cons = self._pass(kv_cons, n_o)
                     jo = n_o
             # fwd.py's software-pipelined loop, split where the tiles change pipelines: exact tiles (own
@@ -481,26 +449,18 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
             # (shared stages), the last P V
             if n_tiles > 0:
                 if n_valid > 0:
-                    if cutlass.const_expr(self.share_kinds):
-                        iu, sh, g, jo = self._k_next(sL, c, 0, n_valid, n_o, n_kv, jo, iu)
-                        s0, m_own, m_sh = self._k_wait(kbase, 2 * iu, sh, c, m_own, m_sh)
-                        self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, s0)])
-                        iu_n, sh_n, g, jo = self._k_next(sL, c, 1, n_valid, n_o, n_kv, jo, iu)  # under the GEMM
-                        warpgroup.wait_group(0)
-                        self._k_release(kbase, 2 * iu)
-                    else:
-                        if cutlass.const_expr(self.share):
-                            g, jo = self._gap(sL, 1 - c, jo, n_o, n_kv, sL[0, c])
-                            kv_cons = self._pass(kv_cons, g)
-                        kh0 = kv_cons.wait_and_advance()
-                        self._turn(self._pp(c, 0, pp_n))
-                        self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, koff + kh0.index)])
-                        self._handover(self._pp(c, 0, pp_n))
-                        if cutlass.const_expr(self.share):  # the next own tile's gap, while the S GEMM runs
-                            if 1 < n_valid:
-                                g, jo = self._gap(sL, 1 - c, jo, n_o, n_kv, sL[1, c])
-                        warpgroup.wait_group(0)
-                        kh0.release()
+                    if cutlass.const_expr(self.share):
+                        g, jo = self._gap(sL, 1 - c, jo, n_o, n_kv, sL[0, c])
+                        kv_cons = self._pass(kv_cons, g)
+                    kh0 = kv_cons.wait_and_advance()
+                    self._turn(self._pp(c, 0, pp_n))
+                    self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, koff + kh0.index)])
+                    self._handover(self._pp(c, 0, pp_n))
+                    if cutlass.const_expr(self.share):  # the next own tile's gap, while the S GEMM runs
+                        if 1 < n_valid:
+                            g, jo = self._gap(sL, 1 - c, jo, n_o, n_kv, sL[1, c])
+                    warpgroup.wait_group(0)
+                    kh0.release()
                 else:
                     self._pass_turns(c, 0, pp_v, pp_n)
                     self._bias_use(bias, cnt, bias_h, tScS, 0, n_kv, n_last)
@@ -528,54 +488,44 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                                        n_valid == 0, kk_tail == 0, rem, True)
                     self._to_p(acc_s, tOrP)
                 for u in cutlass.range(1, n_plain, unroll=1):
-                    if cutlass.const_expr(self.share_kinds):
-                        iu, sh, iu_n, sh_n, g, jo, m_own, m_sh = self._kinds_step(
-                            qk_mma, pv_mma, acc_s, acc_o, tOrP, sQi, tSrK, tOrV, kbase, c, sL, u, n_valid, n_o,
-                            n_kv, iu, sh, iu_n, sh_n, g, jo, m_own, m_sh, row_max, row_sum, row_g, scale_log2,
-                            alpha, bias, cnt, tScS, kk_tail == u, rem)
-                    else:
-                        vh = kv_cons.wait_and_advance()
-                        if cutlass.const_expr(self.share):
-                            # two whole steps, so that every wgmma group ends inside its branch (ptxas serialises
-                            # every wgmma of the kernel when a path could read an accumulator still in flight)
-                            g_now = g
-                            if g_now > self.gap_max:  # a long gap: this P V first, so that V's slot is free
-                                self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, vh.index)])
-                                warpgroup.wait_group(0)
-                                vh.release()
-                                kv_cons = self._pass(kv_cons, g_now)
-                                kh = kv_cons.wait_and_advance()
-                                self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, kh.index)])
-                                if u + 1 < n_valid:  # the next own tile's gap, while the S GEMM runs
-                                    g, jo = self._gap(sL, 1 - c, jo, n_o, n_kv, sL[u + 1, c])
-                                warpgroup.wait_group(0)
-                                kh.release()
-                                self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt,
-                                                   tScS, False, kk_tail == u, rem, False)
-                            else:
-                                kv_cons = self._pass(kv_cons, g_now)
-                                g, jo = self._exact_step(qk_mma, pv_mma, acc_s, acc_o, tOrP, sQi, tSrK, tOrV, 0, kv_cons,
-                                                         vh, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
-                                                         kk_tail == u, rem, (sL, c, u, n_valid, n_o, n_kv, g, jo))
+                    vh = kv_cons.wait_and_advance()
+                    if cutlass.const_expr(self.share):
+                        # two whole steps, so that every wgmma group ends inside its branch (ptxas serialises
+                        # every wgmma of the kernel when a path could read an accumulator still in flight)
+                        g_now = g
+                        if g_now > self.gap_max:  # a long gap: this P V first, so that V's slot is free
+                            self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, vh.index)])
+                            warpgroup.wait_group(0)
+                            vh.release()
+                            kv_cons = self._pass(kv_cons, g_now)
+                            kh = kv_cons.wait_and_advance()
+                            self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, kh.index)])
+                            if u + 1 < n_valid:  # the next own tile's gap, while the S GEMM runs
+                                g, jo = self._gap(sL, 1 - c, jo, n_o, n_kv, sL[u + 1, c])
+                            warpgroup.wait_group(0)
+                            kh.release()
+                            self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt,
+                                               tScS, False, kk_tail == u, rem, False)
                         else:
-                            self._exact_step(qk_mma, pv_mma, acc_s, acc_o, tOrP, sQi, tSrK, tOrV, koff, kv_cons, vh,
-                                             row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, kk_tail == u, rem,
-                                             None, self._pp(c, u, pp_n))
+                            kv_cons = self._pass(kv_cons, g_now)
+                            g, jo = self._exact_step(qk_mma, pv_mma, acc_s, acc_o, tOrP, sQi, tSrK, tOrV, 0, kv_cons,
+                                                     vh, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
+                                                     kk_tail == u, rem, (sL, c, u, n_valid, n_o, n_kv, g, jo))
+                    else:
+                        self._exact_step(qk_mma, pv_mma, acc_s, acc_o, tOrP, sQi, tSrK, tOrV, koff, kv_cons, vh,
+                                         row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, kk_tail == u, rem,
+                                         None, self._pp(c, u, pp_n))
                     self._rescale_o(acc_o, alpha)
                     self._to_p(acc_s, tOrP)
                 if n_valid > 0:  # (n_vt = 0: the turns after the last exact tile; else those before the virtual ones)
                     self._pass_turns(c, n_valid, pp_v, pp_n)
                 if n_vt > 0:
                     if n_valid > 0:  # step n_valid: V of the last exact tile, the first k-bar tile
-                        if cutlass.const_expr(self.share_kinds):
-                            sv, m_own, m_sh = self._k_wait(kbase, 2 * iu + 1, sh, c, m_own, m_sh)
-                        else:
-                            vh = kv_cons.wait_and_advance()
-                            sv = koff + vh.index
+                        vh = kv_cons.wait_and_advance()
                         kh = vp_cons.wait_and_advance()
                         self._turn(self._pp(c, pp_v, pp_n))
                         self._issue_ss(qk_mma, acc_s, sQi, tSrKp[(None, None, None, kh.index)])
-                        self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, sv)])
+                        self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, koff + vh.index)])
                         self._handover(self._pp(c, pp_v, pp_n))
                         self._bias_use(bias, cnt, bias_h, tScS, 0, n_kv, n_last)
                         if 1 < n_vt:
@@ -585,13 +535,10 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                         self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt,
                                            tScS, self.probe != "asexact", False, rem, False)
                         self._pv_wait(True, row_sum)
-                        if cutlass.const_expr(self.share_kinds):
-                            self._k_release(kbase, 2 * iu + 1)
-                        else:
-                            vh.release()
+                        vh.release()
                         self._rescale_o(acc_o, alpha)
                         self._to_p(acc_s, tOrP)
-                        if cutlass.const_expr(self.share and not self.share_kinds):  # the other list's last tiles
+                        if cutlass.const_expr(self.share):  # the other list's tiles after this one's last
                             kv_cons = self._pass(kv_cons, n_o - jo)
                     vargs = (qk_mma, pv_mma, acc_s, acc_o, tOrP, sQi, tSrKp, tOrVp, row_max, row_sum, row_g,
                              scale_log2, alpha, bias, cnt, bias_h, vrow, tScS, n_vt, n_kv, n_last, rem)
@@ -619,18 +566,12 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                     warpgroup.wait_group(0)
                     vhl.release()
                 else:
-                    if cutlass.const_expr(self.share_kinds):
-                        svl, m_own, m_sh = self._k_wait(kbase, 2 * iu + 1, sh, c, m_own, m_sh)
-                        self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, svl)])
-                        warpgroup.wait_group(0)
-                        self._k_release(kbase, 2 * iu + 1)
-                    else:
-                        vhl = kv_cons.wait_and_advance()
-                        self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, koff + vhl.index)])
-                        warpgroup.wait_group(0)
-                        vhl.release()
-                        if cutlass.const_expr(self.share):
-                            kv_cons = self._pass(kv_cons, n_o - jo)
+                    vhl = kv_cons.wait_and_advance()
+                    self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, koff + vhl.index)])
+                    warpgroup.wait_group(0)
+                    vhl.release()
+                    if cutlass.const_expr(self.share):
+                        kv_cons = self._pass(kv_cons, n_o - jo)
             if n_tiles == 0:  # (no tiles at all: the other list's turns)
                 self._pass_turns(c, 0, pp_v, pp_n)
             if n_vt > 0:

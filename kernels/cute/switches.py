@@ -59,14 +59,13 @@ RECIP_STORE = True
 # the two consumers paced by one pipeline cost more than the loads saved. Off. PSA_CUTE_PAIR_SHARE=1/0 overrides
 PAIR_SHARE = False
 PAIR_SHARE_MAX_SEL = 256  # both lists in its shared memory (2 KiB); longer ones keep a pipeline per list
-# the shared pipeline with one full barrier per owner kind and slot (fwd_pair.py share_kinds, pair_sched._k_*): each
-# consumer waits for and releases its own tiles only, the producer arriving on a single-owner tile's empty barrier for
-# the other consumer. Session 25 (E38-G38b, bench/probes/split_clocks.py) found the exact part power-bound and the
-# shared pipeline at the cap with 0.85 J more than the per-list loop outside its stream (the other list's tiles
-# waited for and released, and the pacing that brings); tests/test_union_barrier_model.py checks the protocol down to
-# its barrier phases. Built on the CPU in session 25, off until run on a GPU; only with PAIR_SHARE.
-# PSA_CUTE_SHARE_KINDS=1/0 overrides
-SHARE_KINDS = False
+# Measured and dropped (session 25, commit e770827): the shared pipeline with one full barrier per owner kind and slot,
+# each consumer waiting for and releasing only its own tiles and the producer arriving for a single-owner tile's other
+# consumer (the protocol tests/test_union_barrier_model.py checks). Its GPU tests passed (crafted lists 14, every
+# shared-pipeline test 29), but on DiT-like Morton inputs at 480p (bench/probes/split_clocks.py, the exact part alone)
+# it took 6.10 ms against the shared pipeline's 5.93 and the per-list pipelines' 5.28 (11.4 / 10.9 / 8.5 M cycles):
+# the other list's waits and releases were not what the shared pipeline pays for (its one producer warp filling one
+# ring in union order for both consumers is the suspect left)
 # the pair build on the Morton path reading the caller's query rows through the permutation and writing the output
 # through it (fwd_pair.py q_perm: no q copy, no scatter, q's copy no longer in the peak). PSA_CUTE_PAIR_Q_PERM=1/0
 # overrides. Session 10 (cute_pair_q_perm4_s10_h200.txt, as the node calls it, 4 rounds, medians): correct (max
