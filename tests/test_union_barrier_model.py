@@ -24,6 +24,8 @@ union schedule."""
 import random
 
 import pytest
+# the crafted list pairs and the random list maker of the position-level model of today's protocol
+from test_pair_share_schedule import CASES, _lists
 
 S = 4  # fwd_pair.KV_STAGES: exact slots per consumer, R = 2 S in the shared ring
 R = 2 * S
@@ -176,27 +178,9 @@ def simulate(a, b, proto, seed, gap_max=S - 1, lag=0.0):
     return used
 
 
-def _lists(rng, n, k, overlap):
-    a = sorted(rng.sample(range(n), k))
-    keep = [x for x in a if rng.random() < overlap]
-    rest = [x for x in range(n) if x not in a]
-    return a, sorted(keep + rng.sample(rest, k - len(keep)))
-
-
 def _want(a, b):
     union = _union(a, b)
     return [[p for i, (_, kind) in enumerate(union) if kind in (c, 2) for p in (2 * i, 2 * i + 1)] for c in (0, 1)]
-
-
-CASES = {
-    "disjoint": (list(range(0, 6)), list(range(10, 16))),
-    "identical": ([0, 3, 7, 15], [0, 3, 7, 15]),
-    "gap_3_then_4": ([0, 4, 9], [1, 2, 3, 5, 6, 7, 8]),
-    "long_gap": ([0, 8, 9], list(range(1, 8))),
-    "interleaved": (list(range(0, 16, 2)), list(range(1, 16, 2))),
-    "one_list_empty": (list(range(0, 8)), []),
-    "one_block_each": ([5], [9]),
-}
 
 
 @pytest.mark.parametrize("proto", ["today", "kinds"])
