@@ -119,6 +119,26 @@ savt_round() {  # A21 / A22 (session 21): S_AHEAD_VT against the default in the 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$OUT/round.log" 2>&1
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$OUT/round.log" 2>&1
 case "$PHASE" in
+A39)  # session 26's first call (carry .carry/cs1; ~7 min): the Gluon statistics kernel (kernels/triton/stats_gl.py,
+    # PSA_STATS_GLUON=1; built on the CPU this session: TMA loads by a loader warp into a 4-deep ring, column sums in
+    # float32 inside each warp, K^T V on wgmma, persistent over (head, partial) items; sm_90a 168 registers, no
+    # spills, 632 SASS instructions per block in its consumer loop against stats_h's 731 and no mma.sync), never run
+    # on a GPU before. (1) its GPU tests, stopping at the first failure (a hang is a barrier bug: cut at 240 s);
+    # (2) if they pass, bench/probes/stats_h.py with PROBE_SWITCH=PSA_STATS_GLUON (op0 = stats_h, op1 = Gluon; raster,
+    # node layout; the gathered layouts run stats_h both ways), 3 alternated rounds, 480p, 720p, FLUX.1.
+    # Prediction: raster 480p 0.354 -> 0.27-0.29 ms (85-90% of the one-read bound at the copy rate), 720p 0.826 ->
+    # 0.62-0.66, FLUX.1 about even (five items per head, the ring's fill not hidden). Rule set now: PSA_STATS_GLUON
+    # becomes the default on SM90 if the tests pass and it is faster at 480p and 720p in every round
+    log "pytest stats_gl"
+    timeout -k 10 240 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_stats_gl_gpu.py \
+        > "$OUT/tests_stats_gl.log" 2>&1
+    RC=$?
+    log "pytest stats_gl rc=$RC $(tail -3 "$OUT/tests_stats_gl.log" | tr '\n' ' ' | cut -c1-600)"
+    [ "$RC" = 0 ] || grep -B5 -A40 "Error\|FAILED\|assert" "$OUT/tests_stats_gl.log" | head -80 >> "$OUT/round.log"
+    PROBE_SWITCH=PSA_STATS_GLUON PROBE_ROUNDS=3 timeout -k 10 200 python bench/probes/stats_h.py \
+        --shapes wan14,wan14_720,flux --no-sweep > "$OUT/stats_gl_ab.txt" 2>&1
+    log "stats_gl A/B rc=$? $(grep -v RESULT "$OUT/stats_gl_ab.txt" | cut -c1-3000)"
+    ;;
 A)
     run_tests triton 300 tests/test_triton_gpu.py tests/test_api_errors.py tests/test_backward_gpu.py
     log "triton_morton probe"

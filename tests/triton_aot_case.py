@@ -101,8 +101,9 @@ compile_one("stats_pwt_gather_kv", stats._block_stats_kernel,
 # the one-pass statistics (statistics + H partials, stats_h.py) as the Morton path runs them on the H200: all three
 # block-order copies written per thread, and through host TMA descriptors (PSA_STATS_TMA_COPY, session 23)
 sh_types = {**{n: BF for n in ("Q", "K", "V", "LP", "QG", "KG", "VG", "QGD", "KGD", "VGD")},
-            **{n: F32 for n in ("ST32", "HPART")}, "PERM": I32}
-sh_const = dict(D=128, BS=64, NEED_PWT=True, HAS_PERM=True, GATHER=True, GATHER_Q=True, LOWP=True, PREC=1, STAGES=3)
+            **{n: F32 for n in ("ST32", "HPART")}, "PERM": I32, "FLAG": I32}
+sh_const = dict(D=128, BS=64, NEED_PWT=True, HAS_PERM=True, GATHER=True, GATHER_Q=True, LOWP=True, PREC=1, STAGES=3,
+                FIX=0)
 compile_one("stats_h_pwt_gather_qkv", stats_h._stats_h_kernel, sh_types, dict(sh_const, TMA_G=0), 8, 3)
 desc = "tensordesc<bf16[1,1,64,128]>"
 compile_one("stats_h_pwt_gather_qkv_tma", stats_h._stats_h_kernel, {**sh_types, "QGD": desc, "KGD": desc, "VGD": desc},

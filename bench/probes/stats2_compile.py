@@ -34,7 +34,7 @@ def comp(fn, types, constexprs, warps, stages=1):
 
 BF, F = "*bf16", "*fp32"
 ST = {"Q": BF, "K": BF, "V": BF, "PERM": "*i32", "KBAR": F, "KBAR_LP": BF, "VMEAN_LP": BF, "KSIG2": F, "QBAR": F,
-      "Q2": F, "FIN": "*i32", "QG": BF, "KG": BF, "VG": BF, "HPART": F}
+      "Q2": F, "FIN": "*i32", "QG": BF, "KG": BF, "VG": BF, "HPART": F, "FLAG": "*i32"}
 if __name__ == "__main__":
     which = sys.argv[1:] or ["old", "hsum", "tc"]
     if "old" in which:
@@ -62,7 +62,7 @@ if __name__ == "__main__":
                                            (False, False, False, 3, 0), (True, True, True, 3, 0),
                                            (True, True, False, 3, 0), (True, True, True, 3, 1)):
             c = dict(D=128, BS=64, NEED_PWT=pwt, HAS_PERM=perm, GATHER=perm, GATHER_Q=gq, LOWP=True, PREC=1,
-                     STAGES=stages, TMA_G=tma)
+                     STAGES=stages, TMA_G=tma, FIX=0)
             print("fused pwt", pwt, "perm+gather", perm, "q copy", gq, "stages", stages, "tma copies", tma,
                   comp(stats_h._stats_h_kernel, SHT if tma else SH, c, 8, stages))
     if "perm" in which:  # the permuted loop's depth (PSA_STATS_PERM_DEEP, session 24): tile buffers per num_stages
@@ -70,6 +70,6 @@ if __name__ == "__main__":
         SH = dict(ST, ST32=F, LP=BF, QGD=BF, KGD=BF, VGD=BF)
         for perm, stages in ((False, 3), (True, 3), (True, 4), (True, 5), (True, 7)):
             c = dict(D=128, BS=64, NEED_PWT=True, HAS_PERM=perm, GATHER=perm, GATHER_Q=perm, LOWP=True, PREC=1,
-                     STAGES=stages, TMA_G=0)
+                     STAGES=stages, TMA_G=0, FIX=0)
             print("fused pwt perm+gather (q copy)", perm, "stages", stages,
                   comp(stats_h._stats_h_kernel, SH, c, 8, stages))

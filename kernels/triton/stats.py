@@ -361,11 +361,15 @@ def block_stats(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None,
     nsplit = D // db
     fin = torch.empty(B, HC, n, nsplit, device=dev, dtype=torch.int32) if need_h and not fused else None
     if fused:  # one pass over q, k, v: statistics and the H partials (the statistics as views of two buffers)
+        from . import stats_gl
         from .stats_h import stats_with_h
-        st32, lp, hpart = stats_with_h(
+        parts = stats_h_parts(n, B * HC, dev, D)
+        res = None
+        if stats_gl.usable(q, k, v, perm, gathered):  # PSA_STATS_GLUON: TMA-fed Gluon kernel, raster / node layout
+            res = stats_gl.stats_with_h_checked(q, k, v, n=n, bs=bs, need_pwt=need_pwt, parts=parts)
+        st32, lp, hpart = res if res is not None else stats_with_h(
             q, k, v, pm, strides, g_args, n=n, bs=bs, need_pwt=need_pwt, has_perm=perm is not None,
-            gather=gathered is not None, gather_q=gathered is not None and gathered[0] is not None,
-            parts=stats_h_parts(n, B * HC, dev, D))
+            gather=gathered is not None, gather_q=gathered is not None and gathered[0] is not None, parts=parts)
         qbar, kbar, kbar_lp, vmean_lp = st32[0], st32[1], lp[0], lp[1]
         if need_pwt:
             q2, ksig2 = st32[2], st32[3]

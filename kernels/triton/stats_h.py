@@ -133,17 +133,22 @@ def _exact_blocks(Q, K, V, PERM, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, p_vs,
 def _stats_h_kernel(
     Q, K, V, PERM, ST32, LP, HPART, QG, KG, VG, QGD, KGD, VGD,
     sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t, sg_b, sg_h, sg_t, sgq_b, sgq_h, sgq_t,
-    HC, T, N, G, NPART, SROW,
+    HC, T, N, G, NPART, SROW, FLAG,
     D: tl.constexpr, BS: tl.constexpr, NEED_PWT: tl.constexpr, HAS_PERM: tl.constexpr, GATHER: tl.constexpr,
     GATHER_Q: tl.constexpr, LOWP: tl.constexpr, PREC: tl.constexpr, STAGES: tl.constexpr, TMA_G: tl.constexpr = 0,
+    FIX: tl.constexpr = 0,
 ):
     """ST32: float32 rows [q-bar, k-bar, (q^2, sigma^2)] x [B, HC, N, D], SROW apart; LP: input dtype [k-bar,
     value mean] the same way. The float32 value sums (for the H correction; G <= D) wait in the program's own
     [D, D] slot of HPART until the partial overwrites them. TMA_G (with GATHER): the block-order copies go out
     through the host TMA descriptors QGD / KGD / VGD ([B, HC, T, D], boxes [1, 1, BS, D]: rows past T clipped by
-    the descriptor) instead of per-thread stores through QG / KG / VG."""
+    the descriptor) instead of per-thread stores through QG / KG / VG. FIX (stats_gl's fix-up launch): only the
+    programs whose FLAG [B, HC, NPART] is set run (their sums came out non-finite in stats_gl._stats_gl_kernel)."""
     i_g, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh = i_b * HC + i_h
+    if FIX:
+        if tl.load(FLAG + i_bh * NPART + i_g) == 0:
+            return
     QBAR, KBAR = ST32, ST32 + SROW
     Q2, KSIG2 = ST32 + 2 * SROW, ST32 + 3 * SROW  # (PWT only)
     KBAR_LP, VMEAN_LP = LP, LP + SROW
@@ -322,7 +327,7 @@ def stats_with_h(q, k, v, pm, strides, g_args, *, n, bs, need_pwt, has_perm, gat
     stages = loop_stages(has_perm, q.device)
     _stats_h_kernel[(p, HC, B)](
         q, k, v, pm, st32, lp, hpart, *g_args[:3], *(descs or g_args[:3]), *strides, *g_args[3:], HC, T, n, g, p,
-        B * HC * n * D, D=D, BS=bs, NEED_PWT=need_pwt, HAS_PERM=has_perm, GATHER=gather, GATHER_Q=gather_q,
+        B * HC * n * D, st32, D=D, BS=bs, NEED_PWT=need_pwt, HAS_PERM=has_perm, GATHER=gather, GATHER_Q=gather_q,
         LOWP=lowp, PREC=0 if _INTERPRET else 1, STAGES=stages, TMA_G=int(descs is not None),
         num_warps=STATS_H_WARPS, num_stages=stages,
     )

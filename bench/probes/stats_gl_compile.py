@@ -1,0 +1,84 @@
+"""sm_90a compile report of the Gluon statistics kernel (kernels/triton/stats_gl.py), no GPU needed: registers,
+spills, shared memory, and the SASS instruction count of its block loop. Run with the device's Triton:
+PYTHONPATH=/tmp/tri36site python bench/probes/stats_gl_compile.py [sass]"""
+import inspect, os, re, subprocess, sys, tempfile
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+from kernels.triton import stats_gl
+
+TARGET = GPUTarget("cuda", 90, 32)
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+
+def comp(need_pwt=True, stages=stats_gl.STAGES, d=128, dtype="bf16"):
+    fn = stats_gl._stats_gl_kernel
+    params = list(inspect.signature(fn.fn).parameters)
+    gdt = gl.bfloat16 if dtype == "bf16" else gl.float16
+    lay = gl.NVMMASharedLayout.get_default_for([1, 1, 64, d], gdt)
+    desc = f"tensordesc<{dtype}[1, 1, 64, {d}],{lay!r}>"
+    cx = dict(D=d, BS=64, NEED_PWT=need_pwt, STAGES=stages)
+    types = {"q_desc": desc, "k_desc": desc, "v_desc": desc, "ST32": "*fp32", "LP": f"*{dtype}", "HPART": "*fp32",
+             "FLAG": "*i32"}
+    sig = {p: ("constexpr" if p in cx else types.get(p, "i32")) for p in params}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(params) if sig[p].startswith("*")}
+    k = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=cx, attrs=attrs), target=TARGET,
+                       options={"num_warps": 8})
+    with tempfile.TemporaryDirectory() as td:
+        ptx = os.path.join(td, "k.ptx")
+        cub = os.path.join(td, "k.cubin")
+        open(ptx, "w").write(k.asm["ptx"])
+        p = subprocess.run([os.path.join(BIN, "ptxas"), "-v", "--gpu-name", "sm_90a", ptx, "-o", cub],
+                           capture_output=True, text=True)
+        sass = subprocess.run([os.path.join(BIN, "nvdisasm"), "-c", cub], capture_output=True, text=True).stdout
+    regs = re.findall(r"Used (\d+) registers", p.stderr)
+    spills = re.findall(r"(\d+) bytes spill stores", p.stderr)
+    return dict(regs=regs, spills=spills, shared=k.metadata.shared), sass, k
+
+
+def loop_report(sass):
+    """Instruction counts of the SASS between each backward branch and its target (the loops)."""
+    lines = [l for l in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", l)]
+    addr = [int(re.match(r"\s+/\*([0-9a-f]+)\*/", l).group(1), 16) for l in lines]
+    out = []
+    for i, l in enumerate(lines):
+        m = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)|\S*?)\s*(0x[0-9a-f]+)?", l)
+        t = re.search(r"\.L_x_(\d+)", l)
+        if "BRA" in l and t:
+            lab = f".L_x_{t.group(1)}:"
+            j = next((k for k, s in enumerate(sass.splitlines()) if s.strip().startswith(lab)), None)
+            if j is None:
+                continue
+            # the first instruction after the label
+            after = [s for s in sass.splitlines()[j:] if re.match(r"\s+/\*[0-9a-f]{4,}\*/", s)]
+            if not after:
+                continue
+            a0 = int(re.match(r"\s+/\*([0-9a-f]+)\*/", after[0]).group(1), 16)
+            if a0 < addr[i]:
+                body = [s for s, a in zip(lines, addr) if a0 <= a <= addr[i]]
+                ops = {}
+                for s in body:
+                    op = re.sub(r"^\s+/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?", "", s).split()[0].split(".")[0]
+                    ops[op] = ops.get(op, 0) + 1
+                out.append((len(body), dict(sorted(ops.items(), key=lambda kv: -kv[1])[:14])))
+    return out
+
+
+if __name__ == "__main__":
+    for pwt in (True, False):
+        rep, sass, _ = comp(need_pwt=pwt)
+        print("pwt" if pwt else "pisa", rep)
+        for n, ops in loop_report(sass):
+            print("  loop", n, "instructions:", ops)
+        if "sass" in sys.argv[1:] and pwt:
+            open("/tmp/s26/stats_gl.sass", "w").write(sass)
+    # the fix-up launch of stats_h._stats_h_kernel (FIX=1: flagged programs only)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import stats2_compile as s2
+    from kernels.triton import stats_h
+    SH = dict(s2.ST, ST32="*fp32", LP="*bf16", QGD="*bf16", KGD="*bf16", VGD="*bf16")
+    c = dict(D=128, BS=64, NEED_PWT=True, HAS_PERM=False, GATHER=False, GATHER_Q=False, LOWP=True, PREC=1,
+             STAGES=3, TMA_G=0, FIX=1)
+    print("stats_h FIX=1", s2.comp(stats_h._stats_h_kernel, SH, c, 8, 3))
