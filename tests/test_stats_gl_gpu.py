@@ -20,7 +20,7 @@ NAMES = ("kbar", "qbar", "q2", "ksig2", "kbar_lp", "vmean_lp", "hbar")
 def _stats(q, k, v, variant, gluon, monkeypatch):
     from kernels.triton import stats as kts
     from kernels.triton import stats_gl
-    monkeypatch.setenv("PSA_STATS_GLUON", "1" if gluon else "0")
+    monkeypatch.setenv("PSA_STATS_GLUON", "1" if gluon else "0")  # (1 is the default on SM90)
     assert stats_gl.usable(q, k, v, None, None) == gluon
     st = kts.block_stats(q, k, v, cfg_of(q.shape[-1], 0.125, variant))
     kts.finalize_hbar(st, st.kbar.shape[-2], q.dtype)
@@ -100,7 +100,8 @@ def test_nonfinite_inputs_as_triton(where, monkeypatch):
         assert torch.equal(torch.isnan(a[bad]), torch.isnan(b[bad])) and torch.equal(
             a[bad & ~torch.isnan(b)], b[bad & ~torch.isnan(b)]), f"{n}: non-finite values differ"
         lp = n in ("kbar_lp", "vmean_lp")
-        tol = torch.finfo(q.dtype).eps * b[fb].abs() + 1e-6 if lp else 1e-5 * b[fb].abs().clamp_min(1.0)
+        # (float32 statistics: the Triton kernel's own sigma^2 is 2.5e-6 from float64 in rel L2, ~2e-5 per entry)
+        tol = torch.finfo(q.dtype).eps * b[fb].abs() + 1e-6 if lp else 1e-4 * b[fb].abs().clamp_min(1.0)
         assert ((a[fb] - b[fb]).abs() <= tol).all(), f"{n}: max diff {float((a[fb] - b[fb]).abs().max()):.3e}"
 
 
