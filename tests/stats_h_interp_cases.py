@@ -131,4 +131,50 @@ def _():
     return out
 
 
+@case("redo_flagged_programs_only")
+def _():
+    # stats_h.redo_flagged (the Gluon kernels' fix-up): only the flagged (head, program) is written, and it equals
+    # the normal launch's output there; raster, and the Morton gather with its three copies. bf16, B1 H2, 3 programs
+    out = {}
+    B, H, T, D = 1, 2, 64 * 5 + 9, 64
+    n = -(-T // 64)
+    q, k, v = (rnd((B, H, T, D), dtype=torch.bfloat16, seed=s) for s in range(3))
+    perm = torch.randperm(T, generator=torch.Generator().manual_seed(3)).to(torch.int32)
+    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+               v.stride(0), v.stride(1), v.stride(2))
+    for mode in ("raster", "gather"):
+        gather = mode == "gather"
+        copies = torch.zeros(3, B, H, T, D, dtype=torch.bfloat16) if gather else None
+        g_args = ((copies[0], copies[1], copies[2], copies.stride(1), copies.stride(2), copies.stride(3),
+                   copies.stride(1), copies.stride(2), copies.stride(3)) if gather else (q, k, v, 0, 0, 0, 0, 0, 0))
+        pm = perm if gather else q
+        st32, lp, hp = stats_h.stats_with_h(q, k, v, pm, strides, g_args, n=n, bs=64, need_pwt=True, has_perm=gather,
+                                            gather=gather, gather_q=gather, parts=3)
+        want = copies.clone() if gather else None
+        if gather:
+            copies.fill_(7.0)
+        st32b, lpb, hpb = torch.full_like(st32, 7.0), torch.full_like(lp, 7.0), torch.full_like(hp, 7.0)
+        flag = torch.zeros(B, H, hp.shape[2], dtype=torch.int32)
+        flag[0, 1, 1] = 1
+        stats_h.redo_flagged(q, k, v, pm, strides, g_args, st32b, lpb, hpb, flag, n=n, bs=64, need_pwt=True,
+                             gathered=gather, gather_q=gather)
+        g = -(-n // hp.shape[2])
+        sel = torch.zeros(B, H, n, dtype=torch.bool)
+        sel[0, 1, g:2 * g] = True
+        d = {"st32_flagged_equal": bool(torch.equal(st32b[:, sel], st32[:, sel])),
+             "lp_flagged_equal": bool(torch.equal(lpb[:, sel], lp[:, sel])),
+             "hpart_flagged_equal": bool(torch.equal(hpb[0, 1, 1], hp[0, 1, 1])),
+             "others_untouched": bool((st32b[:, ~sel] == 7.0).all() and (lpb[:, ~sel] == 7.0).all()
+                                      and (hpb[0, 0] == 7.0).all() and (hpb[0, 1, 0] == 7.0).all()
+                                      and (hpb[0, 1, 2:] == 7.0).all())}
+        if gather:  # the flagged program's rows of the copies, and nothing else
+            rows = torch.zeros(T, dtype=torch.bool)
+            rows[g * 64:min(2 * g * 64, T)] = True
+            d["copies_flagged_equal"] = bool(torch.equal(copies[:, 0, 1][:, rows], want[:, 0, 1][:, rows]))
+            d["copies_others_untouched"] = bool((copies[:, 0, 1][:, ~rows] == 7.0).all()
+                                                and (copies[:, 0, 0] == 7.0).all())
+        out[mode] = d
+    return out
+
+
 print("RESULTS_JSON " + json.dumps(RES))

@@ -103,3 +103,13 @@ def test_the_permuted_loop_runs_deeper_on_sm90_only(cap, deep, monkeypatch):
     assert stats_h.loop_stages(True, torch.device("cpu")) == base
     monkeypatch.setenv("PSA_STATS_PERM_DEEP", "0")
     assert stats_h.loop_stages(True, gpu) == base
+
+
+def test_redo_flagged_writes_only_the_flagged_programs(res):
+    """stats_h.redo_flagged, the Gluon statistics kernels' fix-up for programs whose sums came out non-finite (run on
+    the GPU only; here its Triton launch): the flagged program's statistics, partial and copies equal the normal
+    launch's, every other program's outputs stay as they were."""
+    r = get(res, "redo_flagged_programs_only")
+    assert set(r) == {"raster", "gather"}
+    for mode, d in r.items():
+        assert all(d.values()), (mode, d)

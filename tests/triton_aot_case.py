@@ -25,12 +25,14 @@ BF, F32, I32 = "*bf16", "*fp32", "*i32"
 RES = {}
 
 
-def compile_one(name, fn, types, constexprs, warps, stages, cc=90):
+def compile_one(name, fn, types, constexprs, warps, stages, cc=90, src=ASTSource, hints=False):
     params = inspect.signature(fn.fn if hasattr(fn, "fn") else fn).parameters
     sig = {p: ("constexpr" if p in constexprs else types.get(p, "i32")) for p in params}
     rec = RES[name] = {"warps": warps, "stages": stages}
+    # hints: what the launcher specializes at run time (16-byte aligned pointers)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(params) if sig[p].startswith("*")} if hints else None
     try:
-        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs),
+        k = triton.compile(src(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
                            target=TARGET if cc == 90 else GPUTarget("cuda", cc, 32),
                            options={"num_warps": warps, "num_stages": stages})
         rec["compiled"] = True
@@ -127,4 +129,24 @@ compile_one("scores_pwt_bf16x3", route._scores_kernel,
 compile_one("stats_tc_drop", stats2._qk_sums_tc_kernel,
             {"Q": BF, "K": BF, "PERM": I32, "QBAR": F32, "KBAR": F32},
             dict(D=128, DB=64, BS=64, HAS_PERM=False, LOWP=True, STAGES=3), 4, 3)
+# the Gluon statistics kernels (stats_gl.py, PSA_STATS_GLUON): the raster one (TMA loads) and the Morton gather
+# writing all three copies (cp.async loader warps, TMA stores), on the Gluon API of the Triton installed here
+try:
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from kernels.triton import stats_gl
+    lay = gl.NVMMASharedLayout.get_default_for([1, 1, 64, 128], gl.bfloat16)
+    gdesc = f"tensordesc<bf16[1, 1, 64, 128],{lay!r}>"
+    gl_types = {"q_desc": gdesc, "k_desc": gdesc, "v_desc": gdesc, "qg_desc": gdesc, "kg_desc": gdesc,
+                "vg_desc": gdesc, "Q": BF, "K": BF, "V": BF, "PERM": I32, "ST32": F32, "LP": BF, "HPART": F32,
+                "FLAG": I32}
+    compile_one("stats_gl_pwt", stats_gl._stats_gl_kernel, gl_types,
+                dict(D=128, BS=64, NEED_PWT=True, STAGES=stats_gl.STAGES), 8, 1, src=GluonASTSource, hints=True)
+    compile_one("stats_gl_gather_qkv", stats_gl._stats_gl_gather_kernel, gl_types,
+                dict(D=128, BS=64, NEED_PWT=True, STAGES=stats_gl.STAGES, COPY=2,
+                     LOADER_WARPS=stats_gl.LOADER_WARPS), 8, 1, src=GluonASTSource, hints=True)
+except ImportError as e:  # a Triton without Gluon: recorded, the test names it
+    for name in ("stats_gl_pwt", "stats_gl_gather_qkv"):
+        RES[name] = {"compiled": False, "error": f"no Gluon in this Triton: {e}"}
 print("RESULTS_JSON " + json.dumps(RES))

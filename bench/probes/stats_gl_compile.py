@@ -38,6 +38,31 @@ def comp(need_pwt=True, stages=stats_gl.STAGES, d=128, dtype="bf16"):
     return dict(regs=regs, spills=spills, shared=k.metadata.shared), sass, k
 
 
+def comp_gather(copy=2, stages=stats_gl.STAGES, loader_warps=4):
+    fn = stats_gl._stats_gl_gather_kernel
+    params = list(inspect.signature(fn.fn).parameters)
+    lay = gl.NVMMASharedLayout.get_default_for([1, 1, 64, 128], gl.bfloat16)
+    desc = f"tensordesc<bf16[1, 1, 64, 128],{lay!r}>"
+    cx = dict(D=128, BS=64, NEED_PWT=True, STAGES=stages, COPY=copy, LOADER_WARPS=loader_warps)
+    types = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "PERM": "*i32", "qg_desc": desc, "kg_desc": desc,
+             "vg_desc": desc, "ST32": "*fp32", "LP": "*bf16", "HPART": "*fp32", "FLAG": "*i32"}
+    sig = {p: ("constexpr" if p in cx else types.get(p, "i32")) for p in params}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(params)
+             if sig[p].startswith("*") or p.startswith(("sq_", "sk_", "sv_"))}
+    k = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=cx, attrs=attrs), target=TARGET,
+                       options={"num_warps": 8})
+    with tempfile.TemporaryDirectory() as td:
+        ptx = os.path.join(td, "k.ptx")
+        cub = os.path.join(td, "k.cubin")
+        open(ptx, "w").write(k.asm["ptx"])
+        p = subprocess.run([os.path.join(BIN, "ptxas"), "-v", "--gpu-name", "sm_90a", ptx, "-o", cub],
+                           capture_output=True, text=True)
+        sass = subprocess.run([os.path.join(BIN, "nvdisasm"), "-c", cub], capture_output=True, text=True).stdout
+    regs = re.findall(r"Used (\d+) registers", p.stderr)
+    spills = re.findall(r"(\d+) bytes spill stores", p.stderr)
+    return dict(regs=regs, spills=spills, shared=k.metadata.shared), sass, k
+
+
 def loop_report(sass):
     """Instruction counts of the SASS between each backward branch and its target (the loops)."""
     lines = [l for l in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", l)]
@@ -74,6 +99,15 @@ if __name__ == "__main__":
             print("  loop", n, "instructions:", ops)
         if "sass" in sys.argv[1:] and pwt:
             open("/tmp/s26/stats_gl.sass", "w").write(sass)
+    for copy in (1, 2):
+        rep, sass, k = comp_gather(copy=copy)
+        print("gather copy", copy, rep)
+        for n, ops in loop_report(sass):
+            if n > 40:
+                print("  loop", n, "instructions:", ops)
+        if "sass" in sys.argv[1:]:
+            open(f"/tmp/s26/stats_gl_gather{copy}.sass", "w").write(sass)
+            open(f"/tmp/s26/stats_gl_gather{copy}.ptx", "w").write(k.asm["ptx"])
     # the fix-up launch of stats_h._stats_h_kernel (FIX=1: flagged programs only)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import stats2_compile as s2
