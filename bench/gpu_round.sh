@@ -149,6 +149,12 @@ C39)  # after B39 (carry .carry/cs1; ~8 min): the node's call with the Gluon sta
     log "switch_ab rc=$? $(grep -v RESULT "$OUT/switch_stats_gl.txt" | cut -c1-2500)"
     PSA_STATS_GLUON=1 PIECES_TIMEOUT=$((560 - SECONDS)) bash bench/gpu_round.sh L
     ;;
+D39)  # after C39 (carry .carry/cs1; ~8 min): the backward GPU tests with PSA_STATS_GLUON=1 (training reads the same
+    # statistics; 2 workers, as that file needs), then the DiT step (E) with it
+    PSA_STATS_GLUON=1 PSA_XDIST=2 run_tests bwd_gluon 330 tests/test_backward_gpu.py
+    grep -B3 -A25 "^E  " "$OUT/tests_bwd_gluon.log" | head -60 >> "$OUT/round.log"
+    PSA_STATS_GLUON=1 DIT_TIMEOUT=$((570 - SECONDS)) bash bench/gpu_round.sh E
+    ;;
 A39)  # session 26's first call (carry .carry/cs1; ~7 min): the Gluon statistics kernel (kernels/triton/stats_gl.py,
     # PSA_STATS_GLUON=1; built on the CPU this session: TMA loads by a loader warp into a 4-deep ring, column sums in
     # float32 inside each warp, K^T V on wgmma, persistent over (head, partial) items; sm_90a 168 registers, no
