@@ -13,17 +13,8 @@ TARGET = GPUTarget("cuda", 90, 32)
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
-def comp(need_pwt=True, stages=stats_gl.STAGES, d=128, dtype="bf16"):
-    fn = stats_gl._stats_gl_kernel
-    params = list(inspect.signature(fn.fn).parameters)
-    gdt = gl.bfloat16 if dtype == "bf16" else gl.float16
-    lay = gl.NVMMASharedLayout.get_default_for([1, 1, 64, d], gdt)
-    desc = f"tensordesc<{dtype}[1, 1, 64, {d}],{lay!r}>"
-    cx = dict(D=d, BS=64, NEED_PWT=need_pwt, STAGES=stages)
-    types = {"q_desc": desc, "k_desc": desc, "v_desc": desc, "ST32": "*fp32", "LP": f"*{dtype}", "HPART": "*fp32",
-             "FLAG": "*i32"}
-    sig = {p: ("constexpr" if p in cx else types.get(p, "i32")) for p in params}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(params) if sig[p].startswith("*")}
+def build(fn, sig, cx, attrs):
+    """Compile for sm_90a at 8 warps; (ptxas' registers / spills and the shared memory, the SASS, the kernel)."""
     k = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=cx, attrs=attrs), target=TARGET,
                        options={"num_warps": 8})
     with tempfile.TemporaryDirectory() as td:
@@ -36,6 +27,20 @@ def comp(need_pwt=True, stages=stats_gl.STAGES, d=128, dtype="bf16"):
     regs = re.findall(r"Used (\d+) registers", p.stderr)
     spills = re.findall(r"(\d+) bytes spill stores", p.stderr)
     return dict(regs=regs, spills=spills, shared=k.metadata.shared), sass, k
+
+
+def comp(need_pwt=True, stages=stats_gl.STAGES, d=128, dtype="bf16"):
+    fn = stats_gl._stats_gl_kernel
+    params = list(inspect.signature(fn.fn).parameters)
+    gdt = gl.bfloat16 if dtype == "bf16" else gl.float16
+    lay = gl.NVMMASharedLayout.get_default_for([1, 1, 64, d], gdt)
+    desc = f"tensordesc<{dtype}[1, 1, 64, {d}],{lay!r}>"
+    cx = dict(D=d, BS=64, NEED_PWT=need_pwt, STAGES=stages)
+    types = {"q_desc": desc, "k_desc": desc, "v_desc": desc, "ST32": "*fp32", "LP": f"*{dtype}", "HPART": "*fp32",
+             "FLAG": "*i32"}
+    sig = {p: ("constexpr" if p in cx else types.get(p, "i32")) for p in params}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(params) if sig[p].startswith("*")}
+    return build(fn, sig, cx, attrs)
 
 
 def comp_gather(copy=2, stages=stats_gl.STAGES, loader_warps=4):
@@ -49,18 +54,7 @@ def comp_gather(copy=2, stages=stats_gl.STAGES, loader_warps=4):
     sig = {p: ("constexpr" if p in cx else types.get(p, "i32")) for p in params}
     attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(params)
              if sig[p].startswith("*") or p.startswith(("sq_", "sk_", "sv_"))}
-    k = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=cx, attrs=attrs), target=TARGET,
-                       options={"num_warps": 8})
-    with tempfile.TemporaryDirectory() as td:
-        ptx = os.path.join(td, "k.ptx")
-        cub = os.path.join(td, "k.cubin")
-        open(ptx, "w").write(k.asm["ptx"])
-        p = subprocess.run([os.path.join(BIN, "ptxas"), "-v", "--gpu-name", "sm_90a", ptx, "-o", cub],
-                           capture_output=True, text=True)
-        sass = subprocess.run([os.path.join(BIN, "nvdisasm"), "-c", cub], capture_output=True, text=True).stdout
-    regs = re.findall(r"Used (\d+) registers", p.stderr)
-    spills = re.findall(r"(\d+) bytes spill stores", p.stderr)
-    return dict(regs=regs, spills=spills, shared=k.metadata.shared), sass, k
+    return build(fn, sig, cx, attrs)
 
 
 def loop_report(sass):

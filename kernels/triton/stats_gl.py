@@ -177,18 +177,32 @@ if HAVE_GLUON:
             gl.store(FLAG + i_bh * NPART + i_g, (flag != 0.0).to(gl.int32))
 
     @gluon.jit
-    def _stats_gl_kernel(q_desc, k_desc, v_desc, ST32, LP, HPART, FLAG, HC, T, N, G, NPART, SROW, n_items,
-                         D: gl.constexpr, BS: gl.constexpr, NEED_PWT: gl.constexpr, STAGES: gl.constexpr):
-        dt: gl.constexpr = q_desc.dtype
-        sq = gl.allocate_shared_memory(dt, [STAGES] + q_desc.block_type.shape, q_desc.layout)
-        sk = gl.allocate_shared_memory(dt, [STAGES] + k_desc.block_type.shape, k_desc.layout)
-        sv = gl.allocate_shared_memory(dt, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    def _gl_ring(desc, STAGES: gl.constexpr, READY_COUNT: gl.constexpr):
+        """The q / k / v ring (STAGES slots of desc's block and layout) with its ready barriers (READY_COUNT
+        arrivals each: 1 for TMA, the loader threads for cp.async) and its empty barriers (one consumer arrival;
+        every slot starts free)."""
+        sq = gl.allocate_shared_memory(desc.dtype, [STAGES] + desc.block_type.shape, desc.layout)
+        sk = gl.allocate_shared_memory(desc.dtype, [STAGES] + desc.block_type.shape, desc.layout)
+        sv = gl.allocate_shared_memory(desc.dtype, [STAGES] + desc.block_type.shape, desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i0 in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i0), count=1)
+            mbarrier.init(ready.index(i0), count=READY_COUNT)
             mbarrier.init(empty.index(i0), count=1)
-            mbarrier.arrive(empty.index(i0), count=1)  # every slot starts free
+            mbarrier.arrive(empty.index(i0), count=1)
+        return sq, sk, sv, ready, empty
+
+    @gluon.jit
+    def _gl_ring_end(ready, empty, STAGES: gl.constexpr):
+        for i0 in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(i0))
+            mbarrier.invalidate(empty.index(i0))
+
+    @gluon.jit
+    def _stats_gl_kernel(q_desc, k_desc, v_desc, ST32, LP, HPART, FLAG, HC, T, N, G, NPART, SROW, n_items,
+                         D: gl.constexpr, BS: gl.constexpr, NEED_PWT: gl.constexpr, STAGES: gl.constexpr):
+        dt: gl.constexpr = q_desc.dtype
+        sq, sk, sv, ready, empty = _gl_ring(q_desc, STAGES, 1)
         TILE_BYTES: gl.constexpr = 3 * BS * D * dt.primitive_bitwidth // 8
         gl.warp_specialize([
             (_gl_consumer, (sq, sk, sv, ready, empty, ST32, LP, HPART, FLAG, q_desc, k_desc, v_desc, HC, T, N, G,
@@ -196,9 +210,7 @@ if HAVE_GLUON:
             (_gl_loader, (q_desc, k_desc, v_desc, sq, sk, sv, ready, empty, HC, N, G, NPART, n_items, BS, STAGES,
                           TILE_BYTES)),
         ], [1], [40])
-        for i0 in gl.static_range(STAGES):
-            mbarrier.invalidate(ready.index(i0))
-            mbarrier.invalidate(empty.index(i0))
+        _gl_ring_end(ready, empty, STAGES)
 
 
     @gluon.jit
@@ -252,25 +264,14 @@ if HAVE_GLUON:
                                 COPY: gl.constexpr, LOADER_WARPS: gl.constexpr):
         """The statistics through the Morton permutation, writing the block-order copies of k and v (COPY 1) or of
         q, k and v (COPY 2) from the staged tiles (the copies' descriptors give the ring's shared-memory layout)."""
-        dt: gl.constexpr = kg_desc.dtype
-        sq = gl.allocate_shared_memory(dt, [STAGES] + kg_desc.block_type.shape, kg_desc.layout)
-        sk = gl.allocate_shared_memory(dt, [STAGES] + kg_desc.block_type.shape, kg_desc.layout)
-        sv = gl.allocate_shared_memory(dt, [STAGES] + kg_desc.block_type.shape, kg_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i0 in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i0), count=LOADER_WARPS * 32)
-            mbarrier.init(empty.index(i0), count=1)
-            mbarrier.arrive(empty.index(i0), count=1)  # every slot starts free
+        sq, sk, sv, ready, empty = _gl_ring(kg_desc, STAGES, LOADER_WARPS * 32)
         gl.warp_specialize([
             (_gl_consumer, (sq, sk, sv, ready, empty, ST32, LP, HPART, FLAG, qg_desc, kg_desc, vg_desc, HC, T, N, G,
                             NPART, SROW, n_items, D, BS, NEED_PWT, STAGES, COPY)),
             (_gl_gather_loader, (Q, K, V, PERM, sq, sk, sv, ready, empty, sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b,
                                  sv_h, sv_t, HC, T, N, G, NPART, n_items, D, BS, STAGES, LOADER_WARPS)),
         ], [LOADER_WARPS], [80])
-        for i0 in gl.static_range(STAGES):
-            mbarrier.invalidate(ready.index(i0))
-            mbarrier.invalidate(empty.index(i0))
+        _gl_ring_end(ready, empty, STAGES)
 
 
 _log = logging.getLogger("piecewise_sparse_attention")
