@@ -326,7 +326,8 @@ def stats_with_h_checked(q, k, v, pm, strides, g_args, *, n, bs, need_pwt, parts
 
 
 def _n_sm(device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    from .stats import _n_sm as n_sm
+    return n_sm(device)
 
 
 def _desc(x: torch.Tensor, bs: int) -> "TensorDescriptor":
