@@ -20,7 +20,7 @@ FAMILIES = ["drop", "pisa/pwt", "drop q_rs", "pisa/pwt q_rs", "pisa/pwt q_rs bia
             "pisa/pwt pair recip pv_fence s_ahead_vt", "pisa/pwt pair recip q_perm pv_fence s_ahead_vt",
             "pisa/pwt pair recip pv_pin s_ahead_vt", "pisa/pwt pair recip out_perm pv_fence s_ahead_vt",
             "pisa/pwt pair recip tma_store pv_fence s_ahead_vt", "pisa/pwt q_rs pv_fence tma_store",
-            "drop q_rs pv_fence tma_store"]
+            "drop q_rs pv_fence tma_store", "pisa/pwt pair recip tma_store pv_fence s_ahead_vt bias_slack"]
 # builds with tile_ops._pv_wait's fence (PV_FENCE, shipped since session 19; PV_PIN; S_AHEAD's loop always pins it)
 FENCED = [f for f in FAMILIES if "pv_fence" in f or "pv_pin" in f]
 
@@ -144,3 +144,17 @@ def test_shared_exact_pipeline_tracks_its_state_across_passes(res):
         own, share = res["pisa/pwt pair recip" + suffix], res["pisa/pwt pair recip share" + suffix]
         assert "const_parity_waits" in own and "const_parity_waits" in share, (own, share)
         assert share["const_parity_waits"] == own["const_parity_waits"] - 1, (suffix, own, share)
+
+
+def test_bias_slack_needs_contiguous_rows_with_bs_elements_after_them():
+    """fwd._has_slack decides whether the pair kernel may load its bias unclamped (fwd.BIAS_SLACK): route()'s bias
+    has BS elements of storage past its end, a plain tensor of the same shape does not, nor a strided view."""
+    import torch
+    from kernels.cute import fwd as F
+    from kernels.triton.route import BIAS_SLACK
+    n = 70
+    routed = torch.empty(2 * 3 * n * n + BIAS_SLACK, dtype=torch.float16)[:2 * 3 * n * n].view(2, 3, n, n)
+    assert BIAS_SLACK >= F.BS and F._has_slack(routed)
+    assert not F._has_slack(torch.empty(2, 3, n, n, dtype=torch.float16))
+    assert not F._has_slack(routed[:, :, :, : n - 1])  # strided
+    assert F._has_slack(routed[:1])  # a leading batch slice: the rest of the storage follows it

@@ -587,3 +587,17 @@ def test_pair_drop_matches_the_one_block_drop(shape, density, band, sinks, monke
 def test_pair_drop_crafted_lists(case, monkeypatch):
     q, k, v, cfg, routing = _crafted_case(case, 224)
     _pair_drop_check(q, k, v, cfg_of(128, 0.125, "drop"), routing, monkeypatch)
+
+
+# PSA_CUTE_BIAS_SLACK (fwd_pair.py bias_slack, session 26): the virtual tiles' bias loaded without clamping the column
+# to the row, where route()'s bias has BS elements of storage past its end; the columns past a row's end are -inf'd
+# as before, so the output is bitwise the clamped build's. The node's own routing (route(): the bias with its slack),
+# partial last tiles (the very last row of the last head reads into the slack), odd block counts, batch 2, pisa / pwt
+@pytest.mark.parametrize("variant", ["pwt", "pisa"])
+@pytest.mark.parametrize("T", [9000, 4609, 33000])
+def test_pair_bias_loads_unclamped(variant, T, monkeypatch):
+    from kernels.cute import fwd as CF
+    q, outs = _node_call_switched("PSA_CUTE_BIAS_SLACK", "1", T, 170, monkeypatch, density=0.125, variant=variant)
+    assert any(key[-1] is True for key in CF._compiled), "the unclamped build never ran"
+    assert torch.isfinite(outs[1]).all()
+    assert torch.equal(outs[0], outs[1]), rel(outs[1], outs[0])

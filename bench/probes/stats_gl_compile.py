@@ -3,11 +3,13 @@ spills, shared memory, and the SASS instruction count of its block loop. Run wit
 PYTHONPATH=/tmp/tri36site python bench/probes/stats_gl_compile.py [sass]"""
 import inspect, os, re, subprocess, sys, tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 from kernels.triton import stats_gl
+from sass_tools import loop_report  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -55,34 +57,6 @@ def comp_gather(copy=2, stages=stats_gl.STAGES, loader_warps=4):
     attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(params)
              if sig[p].startswith("*") or p.startswith(("sq_", "sk_", "sv_"))}
     return build(fn, sig, cx, attrs)
-
-
-def loop_report(sass):
-    """Instruction counts of the SASS between each backward branch and its target (the loops)."""
-    lines = [l for l in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", l)]
-    addr = [int(re.match(r"\s+/\*([0-9a-f]+)\*/", l).group(1), 16) for l in lines]
-    out = []
-    for i, l in enumerate(lines):
-        m = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)|\S*?)\s*(0x[0-9a-f]+)?", l)
-        t = re.search(r"\.L_x_(\d+)", l)
-        if "BRA" in l and t:
-            lab = f".L_x_{t.group(1)}:"
-            j = next((k for k, s in enumerate(sass.splitlines()) if s.strip().startswith(lab)), None)
-            if j is None:
-                continue
-            # the first instruction after the label
-            after = [s for s in sass.splitlines()[j:] if re.match(r"\s+/\*[0-9a-f]{4,}\*/", s)]
-            if not after:
-                continue
-            a0 = int(re.match(r"\s+/\*([0-9a-f]+)\*/", after[0]).group(1), 16)
-            if a0 < addr[i]:
-                body = [s for s, a in zip(lines, addr) if a0 <= a <= addr[i]]
-                ops = {}
-                for s in body:
-                    op = re.sub(r"^\s+/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?", "", s).split()[0].split(".")[0]
-                    ops[op] = ops.get(op, 0) + 1
-                out.append((len(body), dict(sorted(ops.items(), key=lambda kv: -kv[1])[:14])))
-    return out
 
 
 if __name__ == "__main__":

@@ -76,7 +76,7 @@ D_SUPPORTED = 128
 from .switches import (  # noqa: E402  the switches and their measured history
     Q_RS, BIAS_L2, BIAS_PF, OUT_PERM, PAIR_OUT_PERM, Q_PERM, PAIR_MIN_BLOCKS, RECIP_STORE, PAIR_SHARE,
     PAIR_SHARE_MAX_SEL, PAIR_Q_PERM, PAIR_VT_STAGES, VT_PEEL, PINGPONG, TREE_MAX, TREE_SUM, S_AHEAD, PV_FENCE,
-    PV_FENCE_VT, PV_PIN, TMA_STORE, TMA_STORE_ONE, S_AHEAD_VT, PAIR_DROP)
+    PV_FENCE_VT, PV_PIN, TMA_STORE, TMA_STORE_ONE, S_AHEAD_VT, PAIR_DROP, BIAS_SLACK)
 
 
 class PiecewiseSparseFwdSm90(TileOps):
@@ -457,6 +457,15 @@ def _perm_placeholder(device) -> torch.Tensor:
     return t
 
 
+def _has_slack(vb: torch.Tensor) -> bool:
+    """True when the bias rows are contiguous and at least BS elements of their storage follow the last one (what
+    the pair kernel's unclamped bias loads need, BIAS_SLACK: a row's last virtual tile reads up to BS - 1 columns
+    past it; routing's own bias has them, kernels/triton/route.py BIAS_SLACK)."""
+    if not vb.is_contiguous():
+        return False
+    return (vb.storage_offset() + vb.numel() + BS) * vb.element_size() <= vb.untyped_storage().nbytes()
+
+
 def _bias_placeholder(device) -> torch.Tensor:
     """The drop kernel never reads the bias rows, but its signature has them: one tiny tensor per device
     instead of an allocation (and a memset launch) on every call."""
@@ -569,9 +578,10 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
     pv_pin = _env_flag("PSA_CUTE_PV_PIN", PV_PIN)
     tma_store = not out_perm and (_env_flag("PSA_CUTE_TMA_STORE", TMA_STORE) if pair
                                   else _env_flag("PSA_CUTE_TMA_STORE_ONE", TMA_STORE_ONE))
+    bias_slack = pair and approx and _env_flag("PSA_CUTE_BIAS_SLACK", BIAS_SLACK) and _has_slack(vb)
     key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm, vt_stages, probe, recip, share,
            bool(q_perm), vt_peel, pingpong, tree_max, tree_sum, s_ahead, pv_fence, pv_fence_vt, pv_pin, s_ahead_vt,
-           tma_store)
+           tma_store, bias_slack)
     args = [_cute(x) for x in (q, k, v, out, kb, vm, hb)]
     args += [from_dlpack(vb.detach(), assumed_align=vb.element_size()).mark_layout_dynamic(leading_dim=3),
              from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3),
@@ -591,7 +601,8 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
                     kern = PairFwdSm90(stages, vt_stages, D, probe, recip, share, bool(q_perm), vt_peel,
                                        pingpong, tree_max=tree_max, tree_sum=tree_sum, s_ahead=s_ahead,
                                        pv_fence=pv_fence, pv_fence_vt=pv_fence_vt, pv_pin=pv_pin,
-                                       s_ahead_vt=s_ahead_vt, out_perm=out_perm, tma_store=tma_store)
+                                       s_ahead_vt=s_ahead_vt, out_perm=out_perm, tma_store=tma_store,
+                                       bias_slack=bias_slack)
                 else:
                     kern = PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2, bias_pf, out_perm, bool(q_perm),
                                                   tree_max=tree_max, tree_sum=tree_sum, pv_fence=pv_fence,

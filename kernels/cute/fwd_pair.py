@@ -84,7 +84,7 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                  recip_store: bool = False, share: bool = False, q_perm: bool = False, vt_peel: bool = False,
                  pingpong: bool = False, tree_max: bool = False, tree_sum: bool = False, s_ahead: bool = False,
                  pv_fence: bool = False, pv_fence_vt: bool = False, pv_pin: bool = False, s_ahead_vt: bool = False,
-                 out_perm: bool = False, tma_store: bool = False):
+                 out_perm: bool = False, tma_store: bool = False, bias_slack: bool = False):
         # q_perm (Morton): query row t read from row mPerm[t] of the caller's q into the consumer's registers, the
         # output written through mPerm (fwd.py's q_perm); out_perm alone: only the output rows (fwd.PAIR_OUT_PERM)
         super().__init__(True, kv_stages, head_dim, q_rs=True, out_perm=q_perm or out_perm, q_perm=q_perm,
@@ -95,6 +95,9 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
         # through a permutation keep the per-element stores
         self.tma_store = tma_store and not (q_perm or out_perm)
         self.vt_stages = vt_stages
+        # the virtual tiles' bias loads without clamping the column to the row (fwd.BIAS_SLACK: the bias tensor has
+        # BS elements of storage past its end; values past a row's end are never used, _bias_slots)
+        self.bias_slack = bias_slack
         # one exact-tile pipeline for both consumers, fed with the union of their two lists (a block both lists
         # hold is loaded once; a consumer waits for and releases the tiles of the other list without using them)
         self.share = share
@@ -201,9 +204,13 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
         by _bias_use, so they stay in flight through a whole tile step instead of one S GEMM (what the bias loads
         cost fwd.py: 0.29 ms at 480p, 1.16 ms at 720p, bench/probes/cute_pair.py --split)."""
         if cutlass.const_expr(self.probe not in ("nobias", "asexact")):
-            # past the end: the last block's value (a valid address, no branch), replaced by -inf in _bias_use
+            # past the end: the last block's value (a valid address, no branch), replaced by -inf in _bias_use; with
+            # bias_slack the column itself (the next row's, or the tensor's slack), replaced the same way
             for c in cutlass.range_constexpr(cute.size(bias_h)):
-                bias_h[c] = vrow[cutlass.min(t * BS + tScS[(c % 2) + 4 * (c // 2)][1], n_kv - 1)]
+                if cutlass.const_expr(self.bias_slack):
+                    bias_h[c] = vrow[t * BS + tScS[(c % 2) + 4 * (c // 2)][1]]
+                else:
+                    bias_h[c] = vrow[cutlass.min(t * BS + tScS[(c % 2) + 4 * (c // 2)][1], n_kv - 1)]
 
     @cute.jit
     def _bias_use(self, bias, cnt, bias_h, tScS, t, n_kv, n_last):

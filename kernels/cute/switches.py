@@ -188,3 +188,10 @@ TMA_STORE = True
 # 0.2682 ms, faster in 5 of 5 rounds, outputs equal (max diff 0), its GPU test and every forward GPU test green
 # (229 passed): on. PSA_CUTE_TMA_STORE_ONE=1/0 overrides
 TMA_STORE_ONE = True
+# pisa / pwt pair kernel: a virtual tile's bias loaded without clamping its columns to the row (PSA_CUTE_BIAS_SLACK),
+# where the bias tensor has BS elements of storage past its end (route.py allocates them: columns past a row read
+# the next row or that slack, and _bias_slots turns them into -inf as before). The clamps (14 VIADDMNMX) and half the
+# addresses go (the loads then share one address per column pair): the shipped S_AHEAD_VT virtual loop's sm_90a SASS
+# 546 -> 513 instructions per tile (bench/probes/cute_sass_loops.py bias_slack=1; 168 registers, no spills). Built on
+# the CPU in session 26, untimed: off
+BIAS_SLACK = False

@@ -51,6 +51,7 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # 3xTF32 on the tensor cores is float32-accurate (the ranking must match the float32 reference up to ties);
 # the interpreter computes its dots in numpy float32 anyway
 _PREC = "ieee" if _INTERPRET else "tf32x3"
+BIAS_SLACK = 64  # elements of the bias storage past its last row (route(): a 64-token virtual tile's overrun)
 ROUTE_KERNEL_MAX_N = 16384  # above this, torch routing (the [ROWS, NP2] keys would not fit a program)
 
 
@@ -351,7 +352,10 @@ def route(st, cfg: SparseConfig, dtype: torch.dtype, *, score_bytes: int = 256 *
     pwt = cfg.variant == "pwt"
     cov = bool(cfg.cov_bias)
     idx = torch.empty((B, HC, n, kmax), device=dev, dtype=torch.int32)
-    vbias = torch.empty(B, HC, n, n, device=dev, dtype=bias_dtype(dtype))
+    # BIAS_SLACK elements of storage past the end: the CuTe pair kernel's unclamped bias loads (PSA_CUTE_BIAS_SLACK)
+    # may read up to 63 columns past a row, which the next row or this slack holds (their values are never used)
+    vbias = torch.empty(B * HC * n * n + BIAS_SLACK, device=dev, dtype=bias_dtype(dtype))[:B * HC * n * n].view(
+        B, HC, n, n)
     scale = float(cfg.scale)
     dummy = st.kbar
     final_h = st.hpart is not None and not st.hbar_ready

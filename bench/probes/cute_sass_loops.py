@@ -1,0 +1,66 @@
+"""sm_90a SASS of the shipped CuTe pair build (or one with extra PairFwdSm90 keywords), compiled without a GPU as
+tests/cute_compile_case.py does: registers, spills, and the instruction count and opcode mix of each loop (a
+backward branch and its target). Run with the repository's venv (cutlass-dsl) and the image's Triton for nvdisasm:
+
+    PYTHONPATH=/tmp/tri36site python bench/probes/cute_sass_loops.py [name=value ...]   (e.g. bias_slack=1)
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+dump = tempfile.mkdtemp(prefix="psa_cute_sass_")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sass_tools import loop_report  # noqa: E402
+
+import triton  # noqa: E402  (the image's Triton: its ptxas and nvdisasm)
+
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+PTXAS = os.path.join(BIN, "ptxas")
+os.environ.setdefault("CUDA_HOME", os.path.dirname(BIN))  # the DSL's nvdisasm: CUDA_HOME/bin
+os.environ["CUTE_DSL_KEEP"] = "ptx,cubin,sass"
+os.environ["CUTE_DSL_DUMP_DIR"] = dump
+os.environ["CUTE_DSL_DISABLE_FILE_CACHING"] = "1"
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+import torch  # noqa: E402
+import cutlass  # noqa: E402
+import cutlass.base_dsl.runtime.cuda as _cuda_rt  # noqa: E402
+import cuda.bindings.driver as cuda  # noqa: E402
+
+_cuda_rt.get_device_attribute = lambda *a, **k: 228 * 1024
+from kernels.cute import fwd as F  # noqa: E402
+from kernels.cute import fwd_pair as FP  # noqa: E402
+
+kw = dict(recip_store=True, pv_fence=True, s_ahead_vt=True, tma_store=True)  # the shipped pair build
+for a in sys.argv[1:]:
+    k, v = a.split("=")
+    kw[k] = bool(int(v))
+B, H, T, D = 1, 2, 1000, 128
+n = -(-T // F.BS)
+x = torch.zeros(B, H, T, D, dtype=torch.bfloat16)
+kb = torch.zeros(B, H, n, D, dtype=torch.bfloat16)
+hb = torch.zeros(B, H, D, D, dtype=torch.bfloat16)
+vb = torch.zeros(B, H, n, n, dtype=torch.float16)
+idx = torch.zeros(B, H, n, 4, dtype=torch.int32)
+perm = torch.zeros(T, dtype=torch.int32)
+args = [F._cute(t) for t in (x, x, x, x, kb, kb, hb)]
+args += [F.from_dlpack(vb, assumed_align=2).mark_layout_dynamic(leading_dim=3),
+         F.from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3),
+         F.from_dlpack(perm, assumed_align=4).mark_layout_dynamic(leading_dim=0)]
+kern = FP.PairFwdSm90(4, 4, D, **kw)
+F.cute.compile(kern, *args, cutlass.Int32(1), cutlass.Float32(0.1), cutlass.Float32(0.1), cuda.CUstream(0))
+ptx = [f for f in os.listdir(dump) if f.endswith(".ptx")][0]
+p = subprocess.run([PTXAS, "-arch=sm_90a", "-v", os.path.join(dump, ptx), "-o", os.devnull], capture_output=True,
+                   text=True)
+print("build", kw, re.findall(r"Used \d+ registers|\d+ bytes spill stores", p.stdout + p.stderr))
+sass = [f for f in os.listdir(dump) if f.endswith(".sass")]
+text = open(os.path.join(dump, sass[0])).read() if sass else ""
+if os.environ.get("PROBE_SAVE"):
+    open(os.environ["PROBE_SAVE"], "w").write(text)
+for n_ins, ops in loop_report(text):
+    if n_ins > 100:
+        print("  loop", n_ins, ops)
+shutil.rmtree(dump, ignore_errors=True)
