@@ -174,12 +174,13 @@ def test_bfloat16_declined_under_the_interpreter(res):
 def test_head_chunks_equal_one_pass_and_the_scratch_estimate_is_what_is_allocated(res):
     """Head chunking (to bound scratch) changes the output only by float16 rounding (the split-K sum of H-bar
     splits differently with fewer heads; drop, without H-bar, is bit-exact), and the per-head estimate the
-    chunk size comes from is exactly the bytes statistics + routing allocate."""
+    chunk size comes from is exactly the bytes statistics + routing allocate (plus the bias' 64-element slack, once
+    per call)."""
     r = get(res, "head_chunks_equal_one_pass_and_scratch_is_counted")
     assert r["drop"]["max_abs_diff"] == 0.0, r["drop"]
     for var in ("pwt", "pisa", "drop"):
         assert r[var]["rel"] < 1e-3, (var, r[var])
-        assert r[var]["scratch_estimate"] == r[var]["scratch_actual"], (var, r[var])
+        assert r[var]["scratch_estimate"] + r[var]["scratch_slack"] == r[var]["scratch_actual"], (var, r[var])
     assert r["default_fraction"] == 0.5, r
     assert r["wan14b_pwt_hc"] == 40 and r["wan14b_drop_hc"] == 40 and r["wan14b_720p_pwt_hc"] == 40, r
     hc = r["hc_41_heads_tight"]

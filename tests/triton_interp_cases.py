@@ -106,9 +106,13 @@ def _():
         # every storage once (the one-pass statistics are views of two buffers that also hold the value sums)
         actual = sum({x.untyped_storage().data_ptr(): x.untyped_storage().nbytes() for x in held}.values())
         est = 2 * 3 * kt.scratch_bytes_per_head(200, 64, cfg, 2, idx.shape[-1], bh=2 * 3, device=q.device)
+        # route()'s bias carries route.BIAS_SLACK elements past its end once per call (the CuTe pair kernel's
+        # unclamped loads), not per head
+        from kernels.triton import route as kroute
+        slack = kroute.BIAS_SLACK * vbias.element_size()
         out[var] = {"max_abs_diff": (whole.float() - chunked.float()).abs().max().item(),
                     "rel": rel(chunked, whole),
-                    "scratch_actual": actual, "scratch_estimate": est}
+                    "scratch_actual": actual, "scratch_estimate": est, "scratch_slack": slack}
     # Wan2.1-14B 480p / 720p, bf16, the default budget (half of q's bytes): one pass; a tighter budget spreads
     # the heads evenly over the fewest chunks
     frac = kt._scratch_fraction()
