@@ -50,15 +50,11 @@ _cuda_rt.get_device_attribute = lambda *a, **k: 228 * 1024  # no driver here: H1
 
 from kernels.cute import fwd as F  # noqa: E402
 
+from cute_case_args import D, kernel_args  # noqa: E402
+
 out = {}
-B, H, T, D = 1, 2, 1000, 128
-n = -(-T // F.BS)
-x = torch.zeros(B, H, T, D, dtype=torch.bfloat16)
-kb = torch.zeros(B, H, n, D, dtype=torch.bfloat16)
-hb = torch.zeros(B, H, D, D, dtype=torch.bfloat16)
-vb = torch.zeros(B, H, n, n, dtype=torch.float16)
-idx = torch.zeros(B, H, n, 4, dtype=torch.int32)
-perm = torch.zeros(T, dtype=torch.int32)
+n = -(-1000 // F.BS)
+vb = torch.zeros(1, 2, n, n, dtype=torch.float16)
 
 
 def _fenced_waits(sass):
@@ -162,11 +158,7 @@ for name, make, vbias, reg_bound in builds:
         continue
     for f in os.listdir(dump):
         os.remove(os.path.join(dump, f))
-    args = [F._cute(t) for t in (x, x, x, x, kb, kb, hb)]
-    args += [F.from_dlpack(vbias, assumed_align=vbias.element_size()).mark_layout_dynamic(leading_dim=3),
-             F.from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3),
-             F.from_dlpack(perm, assumed_align=4).mark_layout_dynamic(leading_dim=0)]
-    scal = [cutlass.Int32(1), cutlass.Float32(0.1), cutlass.Float32(0.1)]
+    args, scal = kernel_args(F, vbias)
     t0 = time.perf_counter()
     kern = make()
     fn = F.cute.compile(kern, *args, *scal, cuda.CUstream(0))

@@ -25,7 +25,6 @@ os.environ["CUTE_DSL_KEEP"] = "ptx,cubin,sass"
 os.environ["CUTE_DSL_DUMP_DIR"] = dump
 os.environ["CUTE_DSL_DISABLE_FILE_CACHING"] = "1"
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-import torch  # noqa: E402
 import cutlass  # noqa: E402
 import cutlass.base_dsl.runtime.cuda as _cuda_rt  # noqa: E402
 import cuda.bindings.driver as cuda  # noqa: E402
@@ -34,24 +33,16 @@ _cuda_rt.get_device_attribute = lambda *a, **k: 228 * 1024
 from kernels.cute import fwd as F  # noqa: E402
 from kernels.cute import fwd_pair as FP  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
+from cute_case_args import kernel_args  # noqa: E402
+
 kw = dict(recip_store=True, pv_fence=True, s_ahead_vt=True, tma_store=True)  # the shipped pair build
 for a in sys.argv[1:]:
     k, v = a.split("=")
     kw[k] = bool(int(v))
-B, H, T, D = 1, 2, 1000, 128
-n = -(-T // F.BS)
-x = torch.zeros(B, H, T, D, dtype=torch.bfloat16)
-kb = torch.zeros(B, H, n, D, dtype=torch.bfloat16)
-hb = torch.zeros(B, H, D, D, dtype=torch.bfloat16)
-vb = torch.zeros(B, H, n, n, dtype=torch.float16)
-idx = torch.zeros(B, H, n, 4, dtype=torch.int32)
-perm = torch.zeros(T, dtype=torch.int32)
-args = [F._cute(t) for t in (x, x, x, x, kb, kb, hb)]
-args += [F.from_dlpack(vb, assumed_align=2).mark_layout_dynamic(leading_dim=3),
-         F.from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3),
-         F.from_dlpack(perm, assumed_align=4).mark_layout_dynamic(leading_dim=0)]
-kern = FP.PairFwdSm90(4, 4, D, **kw)
-F.cute.compile(kern, *args, cutlass.Int32(1), cutlass.Float32(0.1), cutlass.Float32(0.1), cuda.CUstream(0))
+args, scal = kernel_args(F)
+kern = FP.PairFwdSm90(4, 4, 128, **kw)
+F.cute.compile(kern, *args, *scal, cuda.CUstream(0))
 ptx = [f for f in os.listdir(dump) if f.endswith(".ptx")][0]
 p = subprocess.run([PTXAS, "-arch=sm_90a", "-v", os.path.join(dump, ptx), "-o", os.devnull], capture_output=True,
                    text=True)

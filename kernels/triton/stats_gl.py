@@ -37,6 +37,8 @@ import os
 
 import torch
 
+from .stats import _n_sm
+
 try:  # Triton's Gluon (experimental; its API is pinned by the Triton this was written against)
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -325,11 +327,6 @@ def stats_with_h_checked(q, k, v, pm, strides, g_args, *, n, bs, need_pwt, parts
     return st32, lp, hpart
 
 
-def _n_sm(device) -> int:
-    from .stats import _n_sm as n_sm
-    return n_sm(device)
-
-
 def _desc(x: torch.Tensor, bs: int) -> "TensorDescriptor":
     d = x.shape[-1]
     gdt = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
@@ -337,9 +334,9 @@ def _desc(x: torch.Tensor, bs: int) -> "TensorDescriptor":
     return TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, bs, d], lay)
 
 
-def stats_with_h_gl(q, k, v, *, n, bs, need_pwt, parts):
-    """stats_h.stats_with_h's outputs (st32, lp, hpart) from _stats_gl_kernel, plus the flags [B, HC, P] (int32, 1
-    where the program's sums came out non-finite: stats_h's FIXUP launch redoes those)."""
+def _outputs(q, n, parts, need_pwt):
+    """(G blocks per item, P items per head, st32, lp, hpart, flag): stats_h.stats_with_h's buffers and the items'
+    non-finite flags [B, HC, P] (int32)."""
     B, HC, T, D = q.shape
     g = -(-n // parts)
     p = -(-n // g)
@@ -347,6 +344,14 @@ def stats_with_h_gl(q, k, v, *, n, bs, need_pwt, parts):
     lp = torch.empty(2, B, HC, n, D, device=q.device, dtype=q.dtype)
     hpart = torch.empty(B, HC, p, D, D, device=q.device, dtype=torch.float32)
     flag = torch.empty(B, HC, p, device=q.device, dtype=torch.int32)
+    return g, p, st32, lp, hpart, flag
+
+
+def stats_with_h_gl(q, k, v, *, n, bs, need_pwt, parts):
+    """stats_h.stats_with_h's outputs (st32, lp, hpart) from _stats_gl_kernel, plus the flags [B, HC, P] (int32, 1
+    where the item's sums came out non-finite: stats_h.redo_flagged redoes those)."""
+    B, HC, T, D = q.shape
+    g, p, st32, lp, hpart, flag = _outputs(q, n, parts, need_pwt)
     n_items = B * HC * p
     grid = min(n_items, _n_sm(q.device))
     _stats_gl_kernel[(grid,)](
@@ -363,12 +368,7 @@ def stats_with_h_gl_gather(q, k, v, perm, gathered, *, n, bs, need_pwt, parts):
     writing the block-order copies `gathered` = (q's or None, k's, v's) from the staged tiles."""
     B, HC, T, D = q.shape
     qg, kg, vg = gathered
-    g = -(-n // parts)
-    p = -(-n // g)
-    st32 = torch.empty(4 if need_pwt else 2, B, HC, n, D, device=q.device, dtype=torch.float32)
-    lp = torch.empty(2, B, HC, n, D, device=q.device, dtype=q.dtype)
-    hpart = torch.empty(B, HC, p, D, D, device=q.device, dtype=torch.float32)
-    flag = torch.empty(B, HC, p, device=q.device, dtype=torch.int32)
+    g, p, st32, lp, hpart, flag = _outputs(q, n, parts, need_pwt)
     n_items = B * HC * p
     kd, vd = _desc(kg, bs), _desc(vg, bs)
     _stats_gl_gather_kernel[(min(n_items, _n_sm(q.device)),)](
