@@ -76,7 +76,7 @@ D_SUPPORTED = 128
 from .switches import (  # noqa: E402  the switches and their measured history
     Q_RS, BIAS_L2, BIAS_PF, OUT_PERM, PAIR_OUT_PERM, Q_PERM, PAIR_MIN_BLOCKS, RECIP_STORE, PAIR_SHARE,
     PAIR_SHARE_MAX_SEL, PAIR_Q_PERM, PAIR_VT_STAGES, VT_PEEL, PINGPONG, TREE_MAX, TREE_SUM, S_AHEAD, PV_FENCE,
-    PV_FENCE_VT, PV_PIN, TMA_STORE, TMA_STORE_ONE, S_AHEAD_VT, PAIR_DROP, BIAS_SLACK)
+    PV_FENCE_VT, PV_PIN, TMA_STORE, TMA_STORE_ONE, S_AHEAD_VT, PAIR_DROP, BIAS_SLACK, VT_FULL)
 
 
 class PiecewiseSparseFwdSm90(TileOps):
@@ -409,6 +409,10 @@ class PiecewiseSparseFwdSm90(TileOps):
 
 # ---------------------------------------------------------------------------------------------- host glue
 _compiled: dict = {}
+# the cache key's fields in order (tests and probes read a build's switches by name: compiled_builds())
+KEY_FIELDS = ("approx", "stages", "dtype", "D", "q_rs", "bias_l2", "bias_pf", "out_perm", "vt_stages", "probe",
+              "recip", "share", "q_perm", "vt_peel", "pingpong", "tree_max", "tree_sum", "s_ahead", "pv_fence",
+              "pv_fence_vt", "pv_pin", "s_ahead_vt", "tma_store", "bias_slack", "vt_full")
 _compile_seconds: dict = {}
 _lock = threading.Lock()
 _executors: dict = {}  # (compile key, device index) -> fn.to(device): one compile, one binding per GPU
@@ -425,6 +429,11 @@ def _executor(fn, key, device: torch.device):
 def compile_stats() -> dict:
     """{shape class: seconds of the first-call JIT compile} for this process."""
     return dict(_compile_seconds)
+
+
+def compiled_builds() -> list[dict]:
+    """Every kernel build compiled in this process, as {KEY_FIELDS name: value}."""
+    return [dict(zip(KEY_FIELDS, key)) for key in list(_compiled)]
 
 
 def check(q: torch.Tensor, cfg) -> str | None:
@@ -579,9 +588,11 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
     tma_store = not out_perm and (_env_flag("PSA_CUTE_TMA_STORE", TMA_STORE) if pair
                                   else _env_flag("PSA_CUTE_TMA_STORE_ONE", TMA_STORE_ONE))
     bias_slack = pair and approx and _env_flag("PSA_CUTE_BIAS_SLACK", BIAS_SLACK) and _has_slack(vb)
+    vt_full = s_ahead_vt and approx and probe == "" and _env_flag("PSA_CUTE_VT_FULL", VT_FULL)
     key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm, vt_stages, probe, recip, share,
            bool(q_perm), vt_peel, pingpong, tree_max, tree_sum, s_ahead, pv_fence, pv_fence_vt, pv_pin, s_ahead_vt,
-           tma_store, bias_slack)
+           tma_store, bias_slack, vt_full)
+    assert len(key) == len(KEY_FIELDS)
     args = [_cute(x) for x in (q, k, v, out, kb, vm, hb)]
     args += [from_dlpack(vb.detach(), assumed_align=vb.element_size()).mark_layout_dynamic(leading_dim=3),
              from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3),
@@ -602,7 +613,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
                                        pingpong, tree_max=tree_max, tree_sum=tree_sum, s_ahead=s_ahead,
                                        pv_fence=pv_fence, pv_fence_vt=pv_fence_vt, pv_pin=pv_pin,
                                        s_ahead_vt=s_ahead_vt, out_perm=out_perm, tma_store=tma_store,
-                                       bias_slack=bias_slack)
+                                       bias_slack=bias_slack, vt_full=vt_full)
                 else:
                     kern = PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2, bias_pf, out_perm, bool(q_perm),
                                                   tree_max=tree_max, tree_sum=tree_sum, pv_fence=pv_fence,

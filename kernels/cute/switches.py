@@ -195,3 +195,11 @@ TMA_STORE_ONE = True
 # 546 -> 513 instructions per tile (bench/probes/cute_sass_loops.py bias_slack=1; 168 registers, no spills). Built on
 # the CPU in session 26, untimed: off
 BIAS_SLACK = False
+# the S-ahead virtual loop's whole-block tiles (S_AHEAD_VT; every tile but the first and the last) as VT_PEEL's: log2(64)
+# in the bias (tile_ops._bias_full), so P comes out as the block's mass with no per-column count multiply and the
+# first-order weight is the row's sum / 64, exactly (no second sum): 64 fewer multiplies and adds per thread and tile.
+# At the power cap (session 25) a kernel's time follows its joules, and a virtual tile issues about twice an exact
+# tile's instructions for the same tensor-core work. Not bitwise the shipped loop (the exponent's rounding of log2(64)
+# moves some bf16 outputs by one unit, as VT_PEEL's did: 1.9e-3 rel L2 between the two on the H200). Built on the CPU
+# in session 27, untimed: off. PSA_CUTE_VT_FULL=1/0 overrides
+VT_FULL = False
