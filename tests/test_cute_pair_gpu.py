@@ -637,3 +637,30 @@ def test_vt_full_with_unclamped_bias_through_the_node_call(monkeypatch):
     q, outs = _node_call_switched("PSA_CUTE_VT_FULL", "1", 33000, 236, monkeypatch, density=0.125, variant="pwt")
     assert torch.isfinite(outs[1]).all() and outs[1].stride() == outs[0].stride()
     assert rel(outs[1], outs[0]) <= ROUNDING[q.dtype], rel(outs[1], outs[0])
+
+
+# PSA_CUTE_LAZY_RESCALE (session 27): the online softmax keeps a row's reference max until a tile's max exceeds it by
+# more than LAZY_TAU (log2 units), so the output's rescale is skipped. The same quotient against another reference:
+# within half an ulp's rel L2 of the shipped build, no further from float64; the pair and one-block kernels, drop and
+# pwt, q scaled by 1 and by 30 (logits whose maxima climb by far more than TAU across tiles), density 1 (every tile
+# exact)
+@pytest.mark.parametrize("pair", [True, False], ids=["pair", "one_block"])
+@pytest.mark.parametrize("variant, T, density, qscale", [
+    ("pwt", 9000, 0.125, 1.0), ("drop", 9000, 0.125, 1.0), ("pwt", 4033, 0.125, 30.0), ("drop", 4033, 0.2, 30.0),
+    ("pwt", 936, 1.0, 1.0)], ids=["pwt", "drop", "pwt_large_logits", "drop_large_logits", "dense"])
+def test_lazy_rescale_against_the_shipped_softmax(pair, variant, T, density, qscale, monkeypatch):
+    from kernels.cute import fwd as CF
+    q, k, v = (rnd((1, 2, T, 128), seed=240 + s) for s in range(3))
+    q = (q.float() * qscale).to(q.dtype)
+    cfg = cfg_of(128, density, variant)
+    r, ref = float64_reference(q, k, v, cfg)
+    monkeypatch.setenv("PSA_CUTE_PAIR", "1" if pair else "0")
+    outs = []
+    for val in ("0", "1"):
+        monkeypatch.setenv("PSA_CUTE_LAZY_RESCALE", val)
+        outs.append(_run(q, k, v, cfg, r, monkeypatch, pair))
+    base, lazy = outs
+    assert any(b["lazy_rescale"] for b in CF.compiled_builds()), "the lazy build never ran"
+    assert torch.isfinite(lazy).all()
+    assert rel(lazy, base) <= ROUNDING[q.dtype], f"lazy vs shipped rescale: rel L2 {rel(lazy, base):.2e}"
+    assert rel(lazy, ref) <= max(1.05 * rel(base, ref), 1e-4), (rel(lazy, ref), rel(base, ref))

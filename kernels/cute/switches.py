@@ -203,3 +203,13 @@ BIAS_SLACK = False
 # moves some bf16 outputs by one unit, as VT_PEEL's did: 1.9e-3 rel L2 between the two on the H200). Built on the CPU
 # in session 27, untimed: off. PSA_CUTE_VT_FULL=1/0 overrides
 VT_FULL = False
+# the online softmax keeps a row's reference max until a tile's max exceeds it by more than LAZY_TAU (log2 units;
+# FlashAttention-4's conditional rescaling): P <= 2^8 (x 64 with a virtual tile's token counts: inside float16's range),
+# and alpha is exactly 1 for the row, so the output's rescale (_rescale_o: 32 multiplies per thread and row) is
+# skipped. With the exact max a warp rescales in about half its tiles on random inputs (any of its 16 rows taking a
+# new maximum; 64 exact tiles); with the threshold, after the first tile almost never. The output is the same quotient
+# against another reference, not bitwise the shipped one (session 1's v4 had a lazy max with pipelined virtual tiles:
+# 2-3e-3 rel L2 from the Triton kernel, no faster then). Built on the CPU in session 27, untimed: off.
+# PSA_CUTE_LAZY_RESCALE=1/0 overrides
+LAZY_RESCALE = False
+LAZY_TAU = 8.0
