@@ -2,7 +2,8 @@
 # files carried in one archive (bench/install_cute_site.sh unpacks it):
 #   carry [".carry/cs1"]    command: bash bench/gpu_round.sh PHASE
 # Pending phases, in the order to run them (each header gives what it measures, the prediction and the rule for
-# turning a switch on, all written before timing): B39, C39, G39, E39, D39. Reusable phases: L (every piece at 480p,
+# turning a switch on, all written before timing; `decide` logs bench/probes/rule_check.py's DECISION line for it):
+# B39, C39, G39, E39, D39. Reusable phases: L (every piece at 480p,
 # 720p and FLUX.1: bench/pieces.py), E (the DiT step: bench/dit_step.py), C15 (the break-even table, installed into
 # nodes/, then E), D15 (the node's speed-up curve for web/js/speedup_h200.json), C21 (D15, then C15), T (the CuTe GPU
 # tests). The phases of sessions 2-26 (all run; their results and decisions are in bench/results/pieces_h200.md) are
@@ -34,6 +35,9 @@ run_tests() {  # name, timeout, pytest args...
     timeout "$t" python -m pytest -q -p no:cacheprovider -n "${PSA_XDIST:-4}" -m gpu "$@" > "$OUT/tests_$name.log" 2>&1
     log "pytest $name rc=$? $(tail -1 "$OUT/tests_$name.log")"
 }
+decide() {  # NAME PROBE_OUTPUT [rule_check.py options]: the header's rule applied, its DECISION line logged
+    log "$(python bench/probes/rule_check.py "$@" 2>&1 | tr '\n' ' ' | cut -c1-1800)"
+}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$OUT/round.log" 2>&1
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$OUT/round.log" 2>&1
 case "$PHASE" in
@@ -62,9 +66,12 @@ B39)  # next session's first call (carry .carry/cs1; ~9 min). Session 26: A39 fo
     ;;
 C39)  # after B39 (carry .carry/cs1; ~8 min): the node's call with the Gluon statistics against without
     # (switch_ab.py PSA_STATS_GLUON, Morton as the node calls it, 480p / 720p / FLUX.1, 5 rounds), then the pieces
-    # with PSA_STATS_GLUON=1 (L). Rule (B39's): on by default if no shape's median is slower
+    # with PSA_STATS_GLUON=1 (L). Rule (B39's): on by default if B39's tests pass and no shape's median is slower;
+    # session 27 (before any timing) allows 1% per row for the rounds' spread: FLUX.1's statistics are even by design
+    # (A39: 0.038 -> 0.038 ms) and eight rows of noise would otherwise decide it
     PROBE_ROUNDS=5 timeout -k 10 200 python bench/probes/switch_ab.py PSA_STATS_GLUON > "$OUT/switch_stats_gl.txt" 2>&1
     log "switch_ab rc=$? $(grep -v RESULT "$OUT/switch_stats_gl.txt" | cut -c1-2500)"
+    decide PSA_STATS_GLUON "$OUT/switch_stats_gl.txt" --rows "" --max-ratio 1.01
     PSA_STATS_GLUON=1 PIECES_TIMEOUT=$((560 - SECONDS)) bash bench/gpu_round.sh L
     ;;
 G39)  # (carry .carry/cs1; ~5 min; after B39 has run the forward suite with the Gluon statistics) PSA_MORTON_ROLL again,
@@ -81,6 +88,8 @@ G39)  # (carry .carry/cs1; ~5 min; after B39 has run the forward suite with the 
     PSA_STATS_GLUON=1 PROBE_ROUNDS=5 PROBE_BACKENDS=cute PROBE_SHAPES=wan14,wan14_720 timeout -k 10 300 \
         python bench/probes/switch_ab.py PSA_MORTON_ROLL > "$OUT/switch_roll_gluon.txt" 2>&1
     log "roll A/B rc=$? $(grep -v RESULT "$OUT/switch_roll_gluon.txt" | cut -c1-2000)"
+    decide PSA_MORTON_ROLL "$OUT/switch_roll_gluon.txt" --rows "" --max-ratio 1.03 --peak-below 1.0 \
+        --tests "$OUT/tests_roll_gluon.log"
     ;;
 E39)  # (carry .carry/cs1; ~9 min) three softmax / virtual-loop builds made on the CPU, all off, untimed: PSA_CUTE_BIAS_SLACK
     # (fwd_pair.py bias_slack, session 26: the virtual tiles' bias loads without the per-column clamp, where route()'s
@@ -108,12 +117,17 @@ E39)  # (carry .carry/cs1; ~9 min) three softmax / virtual-loop builds made on t
     PROBE_ROUNDS=7 PROBE_NOVT1=1 timeout -k 10 200 python bench/probes/vt_peel_kernel.py PSA_CUTE_BIAS_SLACK \
         PSA_CUTE_VT_FULL > "$OUT/vt_builds_kernel.txt" 2>&1
     log "vt builds rc=$? $(grep -v RESULT "$OUT/vt_builds_kernel.txt" | python bench/probes/ab_brief.py 2>&1 | cut -c1-1500)"
+    T="$OUT/tests_vt_builds.log"
+    decide PSA_CUTE_BIAS_SLACK "$OUT/vt_builds_kernel.txt" --faster-rounds 6 --bitwise --tests "$T" --tests-k unclamped
+    decide PSA_CUTE_VT_FULL "$OUT/vt_builds_kernel.txt" --faster-rounds 6 --tests "$T" --tests-k vt_full
     PROBE_ROUNDS=7 PROBE_NOVT1=1 PROBE_BASE="PSA_CUTE_BIAS_SLACK=1" timeout -k 10 150 python \
         bench/probes/vt_peel_kernel.py PSA_CUTE_VT_FULL > "$OUT/vt_full_on_slack_kernel.txt" 2>&1
     log "vt_full on slack rc=$? $(grep -v RESULT "$OUT/vt_full_on_slack_kernel.txt" | python bench/probes/ab_brief.py 2>&1 | cut -c1-1500)"
+    decide PSA_CUTE_VT_FULL "$OUT/vt_full_on_slack_kernel.txt" --faster-rounds 6 --tests "$T" --tests-k vt_full
     PROBE_ROUNDS=7 PROBE_NOVT1=1 PROBE_DROP=1 timeout -k 10 180 python bench/probes/vt_peel_kernel.py \
         PSA_CUTE_LAZY_RESCALE > "$OUT/lazy_kernel.txt" 2>&1
     log "lazy rc=$? $(grep -v RESULT "$OUT/lazy_kernel.txt" | python bench/probes/ab_brief.py 2>&1 | cut -c1-1500)"
+    decide PSA_CUTE_LAZY_RESCALE "$OUT/lazy_kernel.txt" --faster-rounds 6 --novt-not-slower --tests "$T" --tests-k lazy
     ;;
 D39)  # after C39 (carry .carry/cs1; ~8 min): the backward GPU tests with PSA_STATS_GLUON=1 (training reads the same
     # statistics; 2 workers, as that file needs), then the DiT step (E) with it

@@ -1,0 +1,130 @@
+"""A device call's on/off rule, checked on its probe's output: bench/gpu_round.sh's phases write each switch's rule in
+their header before timing; this applies it to the `RESULT {...}` line of bench/probes/vt_peel_kernel.py (the kernels
+alone) or bench/probes/switch_ab.py (the node's call), and to the switch's pytest log, so the call's round.log carries
+the decision with its reasons. Prints one line per row it read, then `DECISION NAME on|off: reasons`.
+
+    python bench/probes/rule_check.py NAME PROBE_OUTPUT [--tests LOG [--tests-k SUBSTR]] [--rows SUBSTR]
+        [--faster-rounds N] [--bitwise] [--novt-not-slower] [--max-ratio R] [--peak-below X]
+
+--tests-k: only the failures whose test id holds SUBSTR count against NAME (one log for several switches' tests);
+--rows: the rows whose key holds SUBSTR (default NAME: a vt_peel_kernel.py output may time several switches);
+--faster-rounds N: switched on, faster in >= N rounds of every row; --bitwise: the two outputs equal (maxdiff 0);
+--novt-not-slower: the build without virtual tiles (the exact part) not slower switched on (median); --max-ratio R:
+median on / median off <= R in every row (the graph replay's medians where a row has them); --peak-below X: the
+call's peak memory above its output under X times q's bytes, switched on.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+
+
+def result_of(path: str) -> dict:
+    """The last `RESULT {...}` line of a probe's output ({} if none)."""
+    res = {}
+    for line in open(path, errors="replace"):
+        if line.startswith("RESULT "):
+            res = json.loads(line[7:])
+    return res
+
+
+def tests_ok(path: str, k: str | None = None) -> tuple[bool, str]:
+    """(passed, pytest's summary line): the run ended with a summary that some tests passed, and none failed or
+    erred; with `k`, only the failures whose test id holds k count (one log for several switches' tests)."""
+    lines = [ln.strip() for ln in open(path, errors="replace") if ln.strip()]
+    summary = next((ln for ln in reversed(lines) if re.search(r"\d+ (passed|failed|error)", ln)), "no pytest summary")
+    if "passed" not in summary:
+        return False, summary
+    if k is None:
+        return not re.search(r"\d+ (failed|errors?)\b", summary), summary
+    bad = [ln for ln in lines if ln.startswith(("FAILED ", "ERROR ")) and k in ln]
+    return not bad, summary + (f" ({len(bad)} of them {k!r})" if bad else "")
+
+
+def _faster_rounds(d: dict) -> int:
+    if "op1_faster_rounds" in d:
+        return int(d["op1_faster_rounds"])
+    r = 0
+    while f"op0_r{r}_ms" in d:
+        r += 1
+    return sum(d[f"op1_r{i}_ms"] < d[f"op0_r{i}_ms"] for i in range(r))
+
+
+def _median(d: dict, op: str) -> float | None:
+    return d.get(f"op{op}_replay_median_ms", d.get(f"op{op}_median_ms"))
+
+
+def check(res: dict, rows: str, *, faster_rounds: int | None = None, bitwise: bool = False,
+          novt_not_slower: bool = False, max_ratio: float | None = None,
+          peak_below: float | None = None) -> tuple[list[str], list[str]]:
+    """(one line per row, the reasons the rule fails: empty when it holds)."""
+    lines, fails = [], []
+    picked = {k: d for k, d in res.items() if isinstance(d, dict) and rows in k}
+    if not picked:
+        return lines, [f"no row holding {rows!r} in the result"]
+    for key, d in picked.items():
+        if "error" in d:
+            fails.append(f"{key}: {d['error'][:120]}")
+            continue
+        m0, m1 = _median(d, "0"), _median(d, "1")
+        if m0 is None or m1 is None:
+            fails.append(f"{key}: no medians")
+            continue
+        fr = _faster_rounds(d)
+        line = f"{key}: {m0:.4f} -> {m1:.4f} ms ({m1 / m0 - 1:+.1%}), faster in {fr} rounds"
+        if "maxdiff" in d:
+            line += f", maxdiff {d['maxdiff']:.3g}"
+        if "novt_median_ms" in d and "novt1_median_ms" in d:
+            line += f", novt {d['novt_median_ms']:.4f} -> {d['novt1_median_ms']:.4f}"
+        if "op1_peak_extra_x_q" in d:
+            line += f", peak {d.get('op0_peak_extra_x_q', float('nan')):.2f}x -> {d['op1_peak_extra_x_q']:.2f}x q"
+        lines.append(line)
+        if faster_rounds is not None and fr < faster_rounds:
+            fails.append(f"{key}: faster in {fr} rounds (< {faster_rounds})")
+        if bitwise and d.get("maxdiff", 1.0) != 0.0:
+            fails.append(f"{key}: outputs differ (maxdiff {d.get('maxdiff')})")
+        if novt_not_slower and "novt1_median_ms" in d and d["novt1_median_ms"] > d["novt_median_ms"]:
+            fails.append(f"{key}: the exact part slower ({d['novt_median_ms']:.4f} -> {d['novt1_median_ms']:.4f})")
+        if max_ratio is not None and m1 > max_ratio * m0:
+            fails.append(f"{key}: {m1 / m0 - 1:+.1%} (> {max_ratio - 1:+.1%})")
+        if peak_below is not None and "op1_peak_extra_x_q" in d and d["op1_peak_extra_x_q"] >= peak_below:
+            fails.append(f"{key}: peak {d['op1_peak_extra_x_q']:.2f}x q (>= {peak_below}x)")
+    return lines, fails
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("name")
+    ap.add_argument("output")
+    ap.add_argument("--tests")
+    ap.add_argument("--tests-k")
+    ap.add_argument("--rows")
+    ap.add_argument("--faster-rounds", type=int)
+    ap.add_argument("--bitwise", action="store_true")
+    ap.add_argument("--novt-not-slower", action="store_true")
+    ap.add_argument("--max-ratio", type=float)
+    ap.add_argument("--peak-below", type=float)
+    a = ap.parse_args(argv)
+    fails = []
+    if a.tests:
+        ok, summary = tests_ok(a.tests, a.tests_k)
+        print(f"tests: {summary}")
+        if not ok:
+            fails.append(f"tests: {summary}")
+    try:
+        res = result_of(a.output)
+    except OSError as e:
+        res, fails = {}, fails + [f"no probe output ({e.strerror})"]
+    lines, row_fails = check(res, a.name if a.rows is None else a.rows, faster_rounds=a.faster_rounds, bitwise=a.bitwise,
+                             novt_not_slower=a.novt_not_slower, max_ratio=a.max_ratio, peak_below=a.peak_below)
+    for line in lines:
+        print(line)
+    fails += row_fails
+    print(f"DECISION {a.name} {'off' if fails else 'on'}: {'; '.join(fails) if fails else 'every rule holds'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""bench/probes/rule_check.py, the on/off rules a device call applies to its probes' outputs (CPU only): each rule
+turns a switch off for the reason it names, on a probe output and a pytest log written here in the probes' formats."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+_path = Path(__file__).resolve().parents[1] / "bench" / "probes" / "rule_check.py"
+_spec = importlib.util.spec_from_file_location("rule_check", _path)
+rc = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(rc)
+
+
+def _row(op0, op1, **extra):
+    """A vt_peel_kernel.py / switch_ab.py row: per-round times of each arm, their medians, and `extra`."""
+    d = {f"op0_r{r}_ms": t for r, t in enumerate(op0)} | {f"op1_r{r}_ms": t for r, t in enumerate(op1)}
+    d |= {"op0_median_ms": sorted(op0)[len(op0) // 2], "op1_median_ms": sorted(op1)[len(op1) // 2]}
+    return d | extra
+
+
+def _write(tmp_path, rows, name="probe.txt"):
+    p = tmp_path / name
+    p.write_text("wan14 cute PSA_X {}\n" + "RESULT " + json.dumps({"rounds": 7, "envs": ["PSA_X"], **rows}) + "\n")
+    return str(p)
+
+
+FAST = ([7.0] * 7, [6.9] * 6 + [7.1])  # switched on: faster in 6 of 7 rounds
+
+
+def test_a_switch_faster_in_enough_rounds_is_on(tmp_path, capsys):
+    out = _write(tmp_path, {"wan14_cute_PSA_CUTE_X": _row(*FAST, maxdiff=0.0),
+                            "wan14_720_cute_PSA_CUTE_X": _row(*FAST, maxdiff=0.0)})
+    rc.main(["PSA_CUTE_X", out, "--faster-rounds", "6", "--bitwise"])
+    text = capsys.readouterr().out
+    assert "DECISION PSA_CUTE_X on: every rule holds" in text
+    assert "wan14_cute_PSA_CUTE_X: 7.0000 -> 6.9000 ms (-1.4%), faster in 6 rounds, maxdiff 0" in text
+
+
+@pytest.mark.parametrize("rows, args, why", [
+    ({"a_PSA_CUTE_X": _row([7.0] * 7, [6.9] * 5 + [7.1] * 2)}, ["--faster-rounds", "6"], "faster in 5 rounds (< 6)"),
+    ({"a_PSA_CUTE_X": _row(*FAST, maxdiff=0.0078)}, ["--bitwise"], "outputs differ"),
+    ({"a_PSA_CUTE_X": _row(*FAST, novt_median_ms=5.30, novt1_median_ms=5.35)}, ["--novt-not-slower"],
+     "the exact part slower"),
+    ({"a_PSA_CUTE_X": _row([7.0] * 5, [7.3] * 5)}, ["--max-ratio", "1.03"], "+4.3% (> +3.0%)"),
+    ({"a_PSA_CUTE_X": _row([7.0] * 5, [7.1] * 5, op0_peak_extra_x_q=1.74, op1_peak_extra_x_q=1.02)},
+     ["--peak-below", "1.0"], "peak 1.02x q"),
+    ({"a_PSA_CUTE_X": {"error": "RuntimeError: boom"}}, [], "RuntimeError: boom"),
+    ({"a_PSA_CUTE_Y": _row(*FAST)}, [], "no row holding 'PSA_CUTE_X'"),
+])
+def test_each_rule_turns_the_switch_off_for_its_reason(tmp_path, capsys, rows, args, why):
+    rc.main(["PSA_CUTE_X", _write(tmp_path, rows), *args])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("DECISION PSA_CUTE_X off: ") and why in last, last
+
+
+def test_replay_medians_decide_where_a_row_has_them(tmp_path, capsys):
+    # (switch_ab.py's graphed FLUX.1 rows: the eager medians carry host time, the replays the GPU's alone)
+    row = _row([0.30] * 5, [0.33] * 5, op0_replay_median_ms=0.250, op1_replay_median_ms=0.245)
+    rc.main(["PSA_STATS_GLUON", _write(tmp_path, {"flux_cute": row}), "--rows", "", "--max-ratio", "1.0"])
+    assert capsys.readouterr().out.strip().endswith("DECISION PSA_STATS_GLUON on: every rule holds")
+
+
+def test_the_pytest_log_counts_only_its_switchs_failures(tmp_path, capsys):
+    log = tmp_path / "tests.log"
+    log.write_text("..F.\nFAILED tests/test_cute_pair_gpu.py::test_vt_full_against_the_shipped_virtual_loop[x] - A\n"
+                   "1 failed, 30 passed in 80.1s\n")
+    out = _write(tmp_path, {"a_PSA_CUTE_LAZY_RESCALE": _row(*FAST), "a_PSA_CUTE_VT_FULL": _row(*FAST)})
+    rc.main(["PSA_CUTE_LAZY_RESCALE", out, "--tests", str(log), "--tests-k", "lazy"])
+    assert capsys.readouterr().out.strip().endswith("on: every rule holds")
+    rc.main(["PSA_CUTE_VT_FULL", out, "--tests", str(log), "--tests-k", "vt_full"])
+    assert "DECISION PSA_CUTE_VT_FULL off: tests: 1 failed, 30 passed" in capsys.readouterr().out
+    log.write_text("....\n")  # cut by its timeout: no summary
+    rc.main(["PSA_CUTE_LAZY_RESCALE", out, "--tests", str(log), "--tests-k", "lazy"])
+    assert "off: tests: no pytest summary" in capsys.readouterr().out
