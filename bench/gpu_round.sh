@@ -3,7 +3,7 @@
 #   carry [".carry/cs1"]    command: bash bench/gpu_round.sh PHASE
 # Pending phases, in the order to run them (each header gives what it measures, the prediction and the rule for
 # turning a switch on, all written before timing; `decide` logs bench/probes/rule_check.py's DECISION line for it):
-# B39, C39, G39, E39, D39. Reusable phases: L (every piece at 480p,
+# B39, C39, G39, E39, H39, D39. Reusable phases: L (every piece at 480p,
 # 720p and FLUX.1: bench/pieces.py), E (the DiT step: bench/dit_step.py), C15 (the break-even table, installed into
 # nodes/, then E), D15 (the node's speed-up curve for web/js/speedup_h200.json), C21 (D15, then C15), T (the CuTe GPU
 # tests). The phases of sessions 2-26 (all run; their results and decisions are in bench/results/pieces_h200.md) are
@@ -90,6 +90,29 @@ G39)  # (carry .carry/cs1; ~5 min; after B39 has run the forward suite with the 
     log "roll A/B rc=$? $(grep -v RESULT "$OUT/switch_roll_gluon.txt" | cut -c1-2000)"
     decide PSA_MORTON_ROLL "$OUT/switch_roll_gluon.txt" --rows "" --max-ratio 1.03 --peak-below 1.0 \
         --tests "$OUT/tests_roll_gluon.log"
+    ;;
+H39)  # (carry .carry/cs1; ~7 min) PSA_ROUTE_GLUON (kernels/triton/route_gl.py, session 27, built on the CPU, never run on a
+    # GPU): the routing scores as a Gluon kernel, one program per query block's row of 64 x 64 tiles, the query-side
+    # bfloat16 parts split once and kept in shared memory, the three products per dot on wgmma, the next tile's loads
+    # under them; sm_90a 248 registers, no spills, 96 KiB (two programs per SM), 2,082 SASS instructions per tile
+    # against the Triton kernel's 3,632 per program (one tile each, both splits). Session 25 found the Triton scores
+    # kernel latency-bound at 0.49-0.53 ms of route()'s 0.98-1.07 at 720p (its work ~0.15 ms of tensor time, 0.08 of
+    # stores). (1) its GPU tests (scores within 1e-6 of the row's spread, H-bar bitwise, lists equal up to ties);
+    # (2) route_switch.py PSA_ROUTE_GLUON (route() and the scores alone, 5 alternated rounds, 720p / 480p / FLUX.1);
+    # (3) the Triton and non-finite forward GPU tests with it on. Prediction: the scores at 720p 0.49-0.53 -> 0.20-0.28
+    # ms, route() -> 0.70-0.80; 480p 0.18 -> 0.14-0.16; FLUX.1 about even (48 programs on 132 SMs). Rule set now: on if
+    # its tests and the forward tests pass, route() is faster in >= 4 of 5 rounds at 480p and 720p, and FLUX.1's median
+    # is at most 1% slower
+    timeout -k 10 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_route_gl_gpu.py \
+        > "$OUT/tests_route_gl.log" 2>&1
+    log "pytest route_gl rc=$? $(tail -1 "$OUT/tests_route_gl.log")"
+    grep -B3 -A30 "^E  " "$OUT/tests_route_gl.log" | head -60 >> "$OUT/round.log"
+    PROBE_ROUNDS=5 timeout -k 10 200 python bench/probes/route_switch.py PSA_ROUTE_GLUON > "$OUT/route_gl_ab.txt" 2>&1
+    log "route_gl A/B rc=$? $(grep -v RESULT "$OUT/route_gl_ab.txt" | cut -c1-2500)"
+    decide PSA_ROUTE_GLUON "$OUT/route_gl_ab.txt" --rows wan14 --faster-rounds 4 --tests "$OUT/tests_route_gl.log"
+    decide PSA_ROUTE_GLUON "$OUT/route_gl_ab.txt" --rows flux --max-ratio 1.01
+    PSA_ROUTE_GLUON=1 run_tests fwd_route_gl $((560 - SECONDS)) tests/test_triton_gpu.py tests/test_nonfinite.py
+    grep -B3 -A25 "^E  " "$OUT/tests_fwd_route_gl.log" | head -60 >> "$OUT/round.log"
     ;;
 E39)  # (carry .carry/cs1; ~9 min) three softmax / virtual-loop builds made on the CPU, all off, untimed: PSA_CUTE_BIAS_SLACK
     # (fwd_pair.py bias_slack, session 26: the virtual tiles' bias loads without the per-column clamp, where route()'s

@@ -2,7 +2,7 @@
 8-warp config offered before Hopper, for sm_89, the
 routing scores kernel with its bfloat16 x3 dots, the select kernel at a one- and a two-piece row, drop's tensor-core statistics, the statistics writing the Morton
 k, v copies, the one-pass statistics writing all three copies per thread and through TMA descriptors, and the Gluon
-statistics kernels of stats_gl.py, raster and Morton gather) compile for sm_90a
+statistics kernels of stats_gl.py, raster and Morton gather, and route_gl.py's routing scores) compile for sm_90a
 without a GPU
 (CI): Triton's NVIDIA backend and its bundled ptxas need no driver, so a kernel that does not lower is caught
 here rather than on the next H200 run; ptxas' report shows the chosen configs do not spill. Runs in a subprocess
@@ -17,7 +17,8 @@ KERNELS = ["dq_pwt", "dq_pisa", "dq_drop", "dkdv_pwt", "dkdv_drop", "virt_pwt_bv
            "fwd_pwt_store_lse", "select_pieces_1024_256", "select_pieces_512", "stats_tc_drop",
            "fwd_pwt_morton_qo_perm_tma", "stats_pwt_gather_kv", "fwd_pwt_sm89_w8", "scores_pwt_bf16x3",
            "fwd_pwt_morton_qo_perm_tma_vt_peel", "fwd_pwt_vt_peel", "stats_h_pwt_gather_qkv",
-           "stats_h_pwt_gather_qkv_tma", "stats_h_pwt_gather_qkv_deep", "stats_gl_pwt", "stats_gl_gather_qkv"]
+           "stats_h_pwt_gather_qkv_tma", "stats_h_pwt_gather_qkv_deep", "stats_gl_pwt", "stats_gl_gather_qkv",
+           "scores_gl_pwt", "scores_gl_pisa"]
 # spill-store bytes ptxas reports (triton 3.8; backward at 8 warps, measured 4 / 12 / 116 for dq pwt / dq pisa /
 # virt 64, 0 elsewhere): the virtual-token kernel's 64-token tile spills a little (its 32-token tile does not;
 # the autotuner picks between them on the GPU); the forward with the row statistics stored (training only, 4

@@ -236,3 +236,10 @@ def test_routing_score_slices_are_clamped_to_the_head_dim(res):
     r = get(res, "score_slices_wider_than_the_head_dim")
     for dk, d in r.items():
         assert d["idx_equal_torch"] and d["bias_maxdiff"] <= 1e-5, (dk, d)
+
+
+def test_route_with_the_gluon_scores_taken_or_failing(res):
+    r = get(res, "route_gluon_dispatch_falls_back")
+    assert r["fails_equal"] and r["runs_equal"]
+    # (fails: one attempt, then Triton for every sub-chunk; runs: every sub-chunk, heads 0-1 and 2)
+    assert r["gluon_calls"] == [["fail", 0], ["ok", 0], ["ok", 2]] and r["usable_off"] is False

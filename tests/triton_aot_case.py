@@ -146,7 +146,14 @@ try:
     compile_one("stats_gl_gather_qkv", stats_gl._stats_gl_gather_kernel, gl_types,
                 dict(D=128, BS=64, NEED_PWT=True, STAGES=stats_gl.STAGES, COPY=2,
                      LOADER_WARPS=stats_gl.LOADER_WARPS), 8, 1, src=GluonASTSource, hints=True)
+    # the Gluon routing scores (route_gl.py, PSA_ROUTE_GLUON): pwt and pisa, 4 warps
+    from kernels.triton import route_gl
+    for name, pwt in (("scores_gl_pwt", True), ("scores_gl_pisa", False)):
+        compile_one(name, route_gl._scores_gl_kernel,
+                    {**{n: F32 for n in ("QBAR", "KBAR", "Q2", "KSIG2", "SCORE")}, "VBIAS": "*fp16", "scale": "fp32",
+                     "half_s2": "fp32", "ln_b": "fp32"},
+                    dict(D=128, BM=route_gl.BM, PWT=pwt), route_gl.WARPS, 1, src=GluonASTSource, hints=True)
 except ImportError as e:  # a Triton without Gluon: recorded, the test names it
-    for name in ("stats_gl_pwt", "stats_gl_gather_qkv"):
+    for name in ("stats_gl_pwt", "stats_gl_gather_qkv", "scores_gl_pwt", "scores_gl_pisa"):
         RES[name] = {"compiled": False, "error": f"no Gluon in this Triton: {e}"}
 print("RESULTS_JSON " + json.dumps(RES))

@@ -566,4 +566,42 @@ def _():
             "float16_ok": kt.unavailable_reason(q.half(), cfg_of(64, 0.5, "drop")) is None}
 
 
+@case("route_gluon_dispatch_falls_back")
+def _():
+    # route() with the Gluon scores (route_gl, PSA_ROUTE_GLUON) taken: when the launch fails, the Triton scores kernel
+    # runs as without the switch; when it runs (a stand-in with its contract: no H-bar reduction), H-bar comes from
+    # route._final_hbar_kernel. Lists, bias rows and H-bar equal the plain path's either way (Gluon cannot run here)
+    from kernels.triton import route as kr
+    from kernels.triton import route_gl
+    q, k, v = (rnd(1, 3, 700, 128, seed=130 + s) for s in range(3))
+    cfg = cfg_of(128, 0.3, "pwt", band=1, sinks=1)
+    outs, calls = {}, []
+    usable, scores = route_gl.usable, route_gl.scores
+
+    def stand_in(st, score, vbias, *, n, hc, h0, hs, band, n_sink, scale, half_s2, ln_b, pwt):
+        # a launch that succeeds, with the Gluon kernel's contract: the scores without H-bar's reduction (here the
+        # Triton kernel's, FINAL_H off), so H-bar comes from route._final_hbar_kernel alone
+        calls.append(("ok", h0))
+        d = st.kbar
+        kr._scores_kernel[(-(-n // 64), -(-n // 64), hs)](
+            st.qbar, st.kbar, st.q2, st.ksig2, d, score, vbias, d, d, d, n, 0, hc, h0, hs, band, n_sink, scale,
+            half_s2, ln_b, 1.0 / n, D=128, BM=64, BN=64, DK=16, PWT=pwt, COV=False, FINAL_H=False, PREC="ieee",
+            SPLIT=0, OFF64=0)
+        return True
+
+    for arm in ("plain", "fails", "runs"):
+        st = stats.block_stats(q, k, v, cfg)
+        if arm != "plain":
+            route_gl.usable = lambda *a: True
+            route_gl.scores = stand_in if arm == "runs" else (lambda *a, **kw: calls.append(("fail", kw["h0"])))
+        try:
+            idx, vb = kr.route(st, cfg, q.dtype, score_bytes=2 * 4 * 11 * 11)  # two heads per score sub-chunk
+        finally:
+            route_gl.usable, route_gl.scores = usable, scores
+        outs[arm] = (idx, vb, st.hbar, st.hbar_lp)
+    eq = {arm: all(torch.equal(a, b) for a, b in zip(outs["plain"], outs[arm])) for arm in ("fails", "runs")}
+    return {"fails_equal": eq["fails"], "runs_equal": eq["runs"], "gluon_calls": calls,
+            "usable_off": route_gl.usable(st, cfg, "bf16x3")}
+
+
 print("RESULTS_JSON " + json.dumps(RES))

@@ -69,6 +69,9 @@ def main():
         for kk in [kk for kk in d if kk.endswith(("_0", "_1")) and isinstance(d[kk], list)]:
             d[kk + "_median"] = statistics.median(d[kk])
         d["route_faster_rounds"] = sum(b < a for a, b in zip(d["route_ms_0"], d["route_ms_1"]))
+        # (the names bench/probes/rule_check.py reads)
+        d["op0_median_ms"], d["op1_median_ms"] = d["route_ms_0_median"], d["route_ms_1_median"]
+        d["op1_faster_rounds"] = d["route_faster_rounds"]
         print(label, {kk: vv for kk, vv in d.items() if not isinstance(vv, list)}, flush=True)
         del st, out
         torch.cuda.empty_cache()

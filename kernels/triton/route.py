@@ -42,6 +42,7 @@ except ImportError:  # older Triton
 
 from ..config import SparseConfig
 from ..routing import forced_mask
+from . import route_gl
 from .select import _count_ge3, _two_bits
 from .stats2 import _bf16_parts
 
@@ -146,6 +147,14 @@ def _final_hbar(HPART, HBAR, HBAR_LP, i_bh, NPART, inv_n, t, P, D: tl.constexpr,
         b_h = b_h * inv_n
         tl.store(HBAR + i_bh.to(tl.int64) * D * D + p_rc, b_h)
         tl.store(HBAR_LP + i_bh.to(tl.int64) * D * D + p_rc, b_h.to(HBAR_LP.dtype.element_ty))
+
+
+@triton.jit
+def _final_hbar_kernel(HPART, HBAR, HBAR_LP, NPART, inv_n, D: tl.constexpr, RB: tl.constexpr):
+    """H-bar of (batch, head) program_id(0) from its partials, the rows split over program_id(1): the scores
+    kernel's FINAL_H step on its own (the same function: the same sums), for route_gl's Gluon scores."""
+    _final_hbar(HPART, HBAR, HBAR_LP, tl.program_id(0), NPART, inv_n, tl.program_id(1), tl.num_programs(1), D=D,
+                RB=RB)
 
 
 @triton.jit
@@ -374,16 +383,23 @@ def route(st, cfg: SparseConfig, dtype: torch.dtype, *, score_bytes: int = 256 *
     prec = score_prec()
     off64 = SCORE_OFF64 if SCORE_OFF64 is not None else prec == "tf32x3"
     regs = {"maxnreg": SCORE_MAXNREG} if SCORE_MAXNREG and not _INTERPRET else {}
+    gluon = route_gl.usable(st, cfg, prec)  # PSA_ROUTE_GLUON: the scores as a Gluon kernel on SM90 (route_gl.py)
     try:
+        if gluon and final_h:  # H-bar's reduction, which the Triton scores kernel does on the side
+            _final_hbar_kernel[(B * HC, D // 16)](*hargs, npart, 1.0 / n, D=D, RB=16)
         for h0 in range(0, HC, hsub):
             hs = min(hsub, HC - h0)
-            _scores_kernel[(triton.cdiv(n, SCORE_BM), triton.cdiv(n, SCORE_BN), B * hs)](
-                *stat_args, score, vbias, *hargs, n, npart, HC, h0, hs, *common, scale, 0.5 * scale * scale,
-                math.log(cfg.block_size), 1.0 / n, D=D, BM=SCORE_BM, BN=SCORE_BN, DK=min(SCORE_DK, D), PWT=pwt,
-                COV=cov, FINAL_H=final_h, PREC=_PREC if prec != "tf32" else prec,
-                SPLIT=int(prec == "bf16x3"), OFF64=int(off64), num_warps=SCORE_WARPS, num_stages=SCORE_STAGES,
-                **regs,
-            )
+            gluon = gluon and route_gl.scores(
+                st, score, vbias, n=n, hc=HC, h0=h0, hs=hs, band=cfg.band, n_sink=cfg.n_sink_blocks, scale=scale,
+                half_s2=0.5 * scale * scale, ln_b=math.log(cfg.block_size), pwt=pwt)
+            if not gluon:
+                _scores_kernel[(triton.cdiv(n, SCORE_BM), triton.cdiv(n, SCORE_BN), B * hs)](
+                    *stat_args, score, vbias, *hargs, n, npart, HC, h0, hs, *common, scale, 0.5 * scale * scale,
+                    math.log(cfg.block_size), 1.0 / n, D=D, BM=SCORE_BM, BN=SCORE_BN, DK=min(SCORE_DK, D), PWT=pwt,
+                    COV=cov, FINAL_H=final_h, PREC=_PREC if prec != "tf32" else prec,
+                    SPLIT=int(prec == "bf16x3"), OFF64=int(off64), num_warps=SCORE_WARPS, num_stages=SCORE_STAGES,
+                    **regs,
+                )
             _select(score, idx, vbias, n, kmax, HC, h0, hs, k, common, B * hs)
     except OutOfResources as e:
         set_route_failed(e)
