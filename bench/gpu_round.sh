@@ -99,8 +99,9 @@ H39)  # (carry .carry/cs1; ~7 min) PSA_ROUTE_GLUON (kernels/triton/route_gl.py, 
     # kernel latency-bound at 0.49-0.53 ms of route()'s 0.98-1.07 at 720p (its work ~0.15 ms of tensor time, 0.08 of
     # stores). (1) its GPU tests (scores within 1e-6 of the row's spread, H-bar bitwise, lists equal up to ties);
     # (2) route_switch.py PSA_ROUTE_GLUON (route() and the scores alone, 5 alternated rounds, 720p / 480p / FLUX.1);
-    # (3) the Triton and non-finite forward GPU tests with it on. Prediction: the scores at 720p 0.49-0.53 -> 0.20-0.28
-    # ms, route() -> 0.70-0.80; 480p 0.18 -> 0.14-0.16; FLUX.1 about even (48 programs on 132 SMs). Rule set now: on if
+    # (3) the Triton and non-finite forward GPU tests with it on. From 256 KV blocks on (route_gl.MIN_BLOCKS; FLUX.1
+    # keeps the Triton kernel). Prediction: the scores at 720p 0.49-0.53 -> 0.20-0.28
+    # ms, route() -> 0.70-0.80; 480p 0.18 -> 0.14-0.16; FLUX.1 unchanged (the same kernel). Rule set now: on if
     # its tests and the forward tests pass, route() is faster in >= 4 of 5 rounds at 480p and 720p, and FLUX.1's median
     # is at most 1% slower
     timeout -k 10 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_route_gl_gpu.py \

@@ -3,7 +3,7 @@ kernel they replace: the float32 scores within 1e-6 of each row's spread (the sa
 tensor cores' summation order differs), the bias rows within one rounding, forced blocks (band, sinks) at +inf,
 H-bar bit for bit (the same reduction), and route()'s lists equal but where two blocks' scores tie within 3e-5 of the
 row's spread. Partial last tiles, one block, batch 2, pisa and pwt, band 0 with sinks, several score sub-chunks, keys
-offset by a constant, Wan2.1-14B 720p's block count. Skipped without an SM90 GPU (CI compiles the kernel:
+offset by a constant, Wan2.1-14B 720p's block count; route() takes it from route_gl.MIN_BLOCKS KV blocks on. Skipped without an SM90 GPU (CI compiles the kernel:
 tests/test_triton_compile.py); run on the H200 with `pytest -m gpu tests/test_route_gl_gpu.py`."""
 import math
 
@@ -87,8 +87,8 @@ def _route(st, cfg, dtype, gluon, monkeypatch, **kw):
 
 
 @pytest.mark.parametrize("variant, shape, band, sinks, score_bytes", [
-    ("pwt", (1, 4, 32760, 128), 1, 0, 256 * 2**20), ("pisa", (2, 3, 4999, 128), 0, 2, 256 * 2**20),
-    ("pwt", (1, 6, 9000, 128), 1, 0, 2 * 4 * 141 * 141)], ids=["wan480", "pisa_band0_sinks", "sub_chunks"])
+    ("pwt", (1, 4, 32760, 128), 1, 0, 256 * 2**20), ("pisa", (2, 3, 20000, 128), 0, 2, 256 * 2**20),
+    ("pwt", (1, 6, 17000, 128), 1, 0, 2 * 4 * 266 * 266)], ids=["wan480", "pisa_band0_sinks", "sub_chunks"])
 def test_route_lists_equal_up_to_ties_and_hbar_bitwise(variant, shape, band, sinks, score_bytes, monkeypatch):
     from kernels.triton import route_gl
     st, cfg, dtype = _stats(shape, variant, seed=320, band=band, sinks=sinks)
@@ -111,3 +111,12 @@ def test_route_lists_equal_up_to_ties_and_hbar_bitwise(variant, shape, band, sin
         assert int(rows.sum()) <= max(2, rows.numel() // 200), f"{int(rows.sum())} of {rows.numel()} rows differ"
     same = ~rows[..., None].expand_as(v1)
     assert torch.equal(torch.isinf(v1)[same], torch.isinf(v0)[same]), "exact marks differ where the lists agree"
+
+
+def test_small_block_counts_keep_the_triton_kernel(monkeypatch):
+    from kernels.triton import route_gl
+    monkeypatch.setenv("PSA_ROUTE_GLUON", "1")
+    st, cfg, _ = _stats((1, 2, 64 * (route_gl.MIN_BLOCKS - 1), 128), "pwt", seed=330)
+    assert not route_gl.usable(st, cfg, "bf16x3")
+    st, cfg, _ = _stats((1, 2, 64 * route_gl.MIN_BLOCKS, 128), "pwt", seed=330)
+    assert route_gl.usable(st, cfg, "bf16x3") and not route_gl.usable(st, cfg, "tf32x3")

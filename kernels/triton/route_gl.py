@@ -14,8 +14,9 @@ H-bar's reduction, which the Triton scores kernel does on the side, runs as rout
 function, so the same sums). The scores are not bit-for-bit the Triton kernel's (the tensor cores' summation order
 within a product), so lists can differ where two blocks' scores tie to ~1e-6 of the row's spread.
 
-Covers what the node runs: bf16x3 scores (PSA_SCORE_PREC's default), head dim 128, pisa / pwt without cov_bias, on
-SM90 with Triton's Gluon; anything else, or a build failure (logged once per device), runs the Triton kernel.
+Covers what the node runs from MIN_BLOCKS KV blocks on: bf16x3 scores (PSA_SCORE_PREC's default), head dim 128, pisa /
+pwt without cov_bias, on SM90 with Triton's Gluon; anything else, or a build failure (logged once per device), runs
+the Triton kernel.
 """
 from __future__ import annotations
 
@@ -36,6 +37,9 @@ except Exception:  # noqa: BLE001  (any import failure: older Triton, no NVIDIA 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 BM = 64  # query blocks per program row and KV blocks per tile
 WARPS = 4  # one warpgroup
+# below this many KV blocks a row of tiles is too short to pay for its program (FLUX.1 1024^2: 72 blocks, 2 rows of 2
+# tiles per head, 48 programs for 132 SMs, where the Triton kernel runs 96 one-tile programs): the Triton kernel
+MIN_BLOCKS = 256
 
 if HAVE_GLUON:
     @gluon.jit
@@ -144,11 +148,12 @@ def enabled() -> bool:
 
 
 def usable(st, cfg, prec: str) -> bool:
-    """The scores of pisa / pwt (no cov_bias) at head dim 128 in bf16x3 on SM90, from contiguous float32 statistics."""
+    """The scores of pisa / pwt (no cov_bias) at head dim 128 in bf16x3 on SM90 from MIN_BLOCKS KV blocks on, from
+    contiguous float32 statistics."""
     if not (HAVE_GLUON and enabled()) or _INTERPRET or prec != "bf16x3" or cfg.cov_bias:
         return False
     kb = st.kbar
-    if not kb.is_cuda or kb.shape[-1] != 128 or str(kb.device) in _broken:
+    if not kb.is_cuda or kb.shape[-1] != 128 or kb.shape[-2] < MIN_BLOCKS or str(kb.device) in _broken:
         return False
     if torch.cuda.get_device_capability(kb.device) != (9, 0):
         return False
