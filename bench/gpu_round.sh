@@ -97,7 +97,7 @@ H39)  # (carry .carry/cs1; ~7 min) PSA_ROUTE_GLUON (kernels/triton/route_gl.py, 
     # under them; sm_90a 248 registers, no spills, 96 KiB (two programs per SM), 2,082 SASS instructions per tile
     # against the Triton kernel's 3,632 per program (one tile each, both splits). Session 25 found the Triton scores
     # kernel latency-bound at 0.49-0.53 ms of route()'s 0.98-1.07 at 720p (its work ~0.15 ms of tensor time, 0.08 of
-    # stores). (1) its GPU tests (scores within 1e-6 of the row's spread, H-bar bitwise, lists equal up to ties);
+    # stores). (1) its GPU tests (scores within 1e-5 of the row's spread, H-bar bitwise, lists equal up to ties);
     # (2) route_switch.py PSA_ROUTE_GLUON (route() and the scores alone, 5 alternated rounds, 720p / 480p / FLUX.1);
     # (3) the Triton and non-finite forward GPU tests with it on. From 256 KV blocks on (route_gl.MIN_BLOCKS; FLUX.1
     # keeps the Triton kernel). Prediction: the scores at 720p 0.49-0.53 -> 0.20-0.28

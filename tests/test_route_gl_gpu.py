@@ -1,6 +1,6 @@
 """The Gluon routing scores (kernels/triton/route_gl.py, PSA_ROUTE_GLUON=1) on an SM90 GPU, against the Triton scores
-kernel they replace: the float32 scores within 1e-6 of each row's spread (the same bfloat16 x3 products; only the
-tensor cores' summation order differs), the bias rows within one rounding, forced blocks (band, sinks) at +inf,
+kernel they replace: the float32 scores within 1e-5 of each row's spread (the same bfloat16 x3 products, ~1e-5 from
+float64 themselves; only the float32 summation order differs, ~1e-7 of the terms' magnitude over 128 of them), the bias rows within one rounding, forced blocks (band, sinks) at +inf,
 H-bar bit for bit (the same reduction), and route()'s lists equal but where two blocks' scores tie within 3e-5 of the
 row's spread. Partial last tiles, one block, batch 2, pisa and pwt, band 0 with sinks, several score sub-chunks, keys
 offset by a constant, Wan2.1-14B 720p's block count; route() takes it from route_gl.MIN_BLOCKS KV blocks on. Skipped without an SM90 GPU (CI compiles the kernel:
@@ -58,7 +58,7 @@ def _compare_scores(st, cfg):
     fin = b.masked_fill(inf, float("nan"))
     spread = (fin.nan_to_num(float("-inf")).amax(-1) - fin.nan_to_num(float("inf")).amin(-1)).clamp_min(1e-30)
     err = ((a - b).abs().masked_fill(inf, 0.0).amax(-1) / spread).max()
-    assert err <= 1e-6, f"scores: {float(err):.2e} of the row's spread"
+    assert err <= 1e-5, f"scores: {float(err):.2e} of the row's spread"
     eps = torch.finfo(va.dtype).eps
     assert ((va.float() - vb.float()).abs() <= eps * vb.float().abs() + 1e-6).all(), "bias rows differ"
 

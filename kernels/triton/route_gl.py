@@ -12,7 +12,7 @@ is ~0.15 ms of tensor-core time and 0.08 ms of stores (the float32 scores and th
 The epilogue is `_score_tile`'s (scale, PWT bonus and gated bias, NaN / inf clamps, forced band and sinks at +inf).
 H-bar's reduction, which the Triton scores kernel does on the side, runs as route._final_hbar_kernel (the same
 function, so the same sums). The scores are not bit-for-bit the Triton kernel's (the tensor cores' summation order
-within a product), so lists can differ where two blocks' scores tie to ~1e-6 of the row's spread.
+within a product and the float32 sums), so lists can differ where two blocks' scores tie to ~1e-6 of the row's spread.
 
 Covers what the node runs from MIN_BLOCKS KV blocks on: bf16x3 scores (PSA_SCORE_PREC's default), head dim 128, pisa /
 pwt without cov_bias, on SM90 with Triton's Gluon; anything else, or a build failure (logged once per device), runs
