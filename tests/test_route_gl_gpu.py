@@ -38,15 +38,11 @@ def _raw_scores(st, cfg, gluon):
                                pwt=pwt, **kw)
     else:
         d = st.kbar
-        route._scores_kernel[(triton_cdiv(n, 64), triton_cdiv(n, 64), B * HC)](
+        route._scores_kernel[(-(-n // 64), -(-n // 64), B * HC)](
             st.qbar, st.kbar, st.q2 if pwt else d, st.ksig2 if pwt else d, d, score, vbias, d, d, d, n, 0, HC, 0, HC,
             cfg.band, cfg.n_sink_blocks, kw["scale"], kw["half_s2"], kw["ln_b"], 1.0 / n, D=D, BM=64, BN=64, DK=D,
             PWT=pwt, COV=False, FINAL_H=False, PREC="tf32x3", SPLIT=1, OFF64=0, num_warps=4, num_stages=1)
     return score, vbias
-
-
-def triton_cdiv(a, b):
-    return -(-a // b)
 
 
 def _compare_scores(st, cfg):

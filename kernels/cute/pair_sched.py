@@ -162,7 +162,8 @@ class PairSchedule:
         `whole`), which frees the count registers, and an issue barrier keeps S of t above the softmax (sm_90a SASS:
         without both, ptxas issued every HGMMA of S after the softmax's exponentials). The same operations per tile
         as the plain loop: bitwise its output. vt_full (fwd.VT_FULL): those tiles as the peel's instead, log2(BS) in
-        the bias (_bias_full, `full`): no count multiplies and no second sum, not bitwise the plain loop. Returns the advanced consumer (vp_cons = ..., as _pass)."""
+        the bias (_bias_full, `full`): no count multiplies and no second sum, not bitwise the plain loop. Returns the
+        advanced consumer (vp_cons = ..., as _pass)."""
         vmask = self.probe != "asexact"
         kh = vp_cons.wait_and_advance()  # k-bar of tile 1
         vh = vp_cons.wait_and_advance()  # value means of tile 0

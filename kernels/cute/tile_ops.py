@@ -334,7 +334,7 @@ class TileOps:
                 new_max[r] = cute.arch.fmax(new_max[r], acc_s[e])
         for r in cutlass.range_constexpr(n_rows):
             m = self._quad_max(new_max[r])
-            if cutlass.const_expr(getattr(self, "lazy_rescale", False)):
+            if cutlass.const_expr(self.lazy_rescale):
                 # (fwd.LAZY_RESCALE) the old reference stays unless this tile's max exceeds it by more than
                 # LAZY_TAU: then alpha is exactly 1 and _rescale_o skips the row. A first finite max always
                 # replaces -inf (nothing is <= -inf + TAU but -inf, which stays -inf and is then used as 0 below)

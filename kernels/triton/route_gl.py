@@ -8,11 +8,11 @@ is ~0.15 ms of tensor-core time and 0.08 ms of stores (the float32 scores and th
   every KV tile of the row; per KV tile only the k-bar (pwt: sigma^2) tile is split;
 - each dot is route.py's three bfloat16 products in its order (hi x lo, lo x hi, hi x hi, the small terms first) on
   wgmma with float32 accumulation, the next tile's float32 loads issued under the products;
-- 96 KiB of shared memory and ~150 registers: two programs per SM.
+- 96 KiB of shared memory and 248 registers (sm_90a, no spills): two programs per SM.
 The epilogue is `_score_tile`'s (scale, PWT bonus and gated bias, NaN / inf clamps, forced band and sinks at +inf).
 H-bar's reduction, which the Triton scores kernel does on the side, runs as route._final_hbar_kernel (the same
 function, so the same sums). The scores are not bit-for-bit the Triton kernel's (the tensor cores' summation order
-within a product and the float32 sums), so lists can differ where two blocks' scores tie to ~1e-6 of the row's spread.
+within a product and the float32 sums), so lists can differ where two blocks' scores tie to ~1e-5 of the row's spread.
 
 Covers what the node runs from MIN_BLOCKS KV blocks on: bf16x3 scores (PSA_SCORE_PREC's default), head dim 128, pisa /
 pwt without cov_bias, on SM90 with Triton's Gluon; anything else, or a build failure (logged once per device), runs
@@ -94,6 +94,7 @@ if HAVE_GLUON:
         p_v = VBIAS + i_bh.to(gl.int64) * N * N
         x_b = gl.load(KBAR + base + o_r[:, None].to(gl.int64) * D + o_d[None, :], mask=(o_r < N)[:, None], other=0.0)
         for j in range(0, gl.cdiv(N, BM)):
+            # (the tile's offsets recomputed per tile: kept live across the loop, their 64 int64 values spill)
             cols = j * BM + o_r
             p_b = base + cols[:, None].to(gl.int64) * D + o_d[None, :]
             m_b = (cols < N)[:, None]
