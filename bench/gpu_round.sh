@@ -3,7 +3,10 @@
 #   carry [".carry/cs1"]    command: bash bench/gpu_round.sh PHASE
 # Pending phases, in the order to run them (each header gives what it measures, the prediction and the rule for
 # turning a switch on, all written before timing; `decide` logs bench/probes/rule_check.py's DECISION line for it):
-# B39, C39, G39, E39, H39, D39. Reusable phases: L (every piece at 480p,
+# B39, E39, CH39 (C39's node A/B and decision, then H39: one call), G39, D39, L. Next session's 30 minutes of device
+# time (a machine's start included) hold three calls of up to 10 minutes: B39, E39, CH39 (session 28's order: the
+# statistics' default first, since G39 and D39 build on it; then the three kernel builds, which bear on the virtual
+# and exact parts, the operator's largest; C39's pieces run (L) waits). Reusable phases: L (every piece at 480p,
 # 720p and FLUX.1: bench/pieces.py), E (the DiT step: bench/dit_step.py), C15 (the break-even table, installed into
 # nodes/, then E), D15 (the node's speed-up curve for web/js/speedup_h200.json), C21 (D15, then C15), T (the CuTe GPU
 # tests). The phases of sessions 2-26 (all run; their results and decisions are in bench/results/pieces_h200.md) are
@@ -31,6 +34,7 @@ if [ -z "${GPU_ROUND_NESTED:-}" ]; then export GPU_ROUND_NESTED=1; trap pack_out
 log() { echo "[gpu_round $PHASE $(date -u +%H:%M:%S)] $*" | tee -a "$OUT/round.log"; }
 run_tests() {  # name, timeout, pytest args...
     local name=$1 t=$2; shift 2
+    if [ "$t" -lt 30 ]; then log "pytest $name skipped: ${t} s left in the call"; return; fi  # (timeout 0: none)
     log "pytest $name"
     timeout "$t" python -m pytest -q -p no:cacheprovider -n "${PSA_XDIST:-4}" -m gpu "$@" > "$OUT/tests_$name.log" 2>&1
     log "pytest $name rc=$? $(tail -1 "$OUT/tests_$name.log")"
@@ -72,7 +76,12 @@ C39)  # after B39 (carry .carry/cs1; ~8 min): the node's call with the Gluon sta
     PROBE_ROUNDS=5 timeout -k 10 200 python bench/probes/switch_ab.py PSA_STATS_GLUON > "$OUT/switch_stats_gl.txt" 2>&1
     log "switch_ab rc=$? $(grep -v RESULT "$OUT/switch_stats_gl.txt" | cut -c1-2500)"
     decide PSA_STATS_GLUON "$OUT/switch_stats_gl.txt" --rows "" --max-ratio 1.01
-    PSA_STATS_GLUON=1 PIECES_TIMEOUT=$((560 - SECONDS)) bash bench/gpu_round.sh L
+    [ -n "${C39_NO_PIECES:-}" ] || PSA_STATS_GLUON=1 PIECES_TIMEOUT=$((560 - SECONDS)) bash bench/gpu_round.sh L
+    ;;
+CH39)  # (carry .carry/cs1; ~9 min) C39 without its pieces run, then H39 in what is left of the call (each phase's
+    # header gives its prediction and rule)
+    C39_NO_PIECES=1 bash "$0" C39
+    H39_END=$((585 - SECONDS)) bash "$0" H39
     ;;
 G39)  # (carry .carry/cs1; ~5 min; after B39 has run the forward suite with the Gluon statistics) PSA_MORTON_ROLL again,
     # with PSA_STATS_GLUON=1 under both arms: the Morton memory target (<= 1x q above the output) against its time
@@ -104,15 +113,18 @@ H39)  # (carry .carry/cs1; ~7 min) PSA_ROUTE_GLUON (kernels/triton/route_gl.py, 
     # ms, route() -> 0.70-0.80; 480p 0.18 -> 0.14-0.16; FLUX.1 unchanged (the same kernel). Rule set now: on if
     # its tests and the forward tests pass, route() is faster in >= 4 of 5 rounds at 480p and 720p, and FLUX.1's median
     # is at most 1% slower
-    timeout -k 10 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_route_gl_gpu.py \
+    # (H39_END: the seconds left to it when CH39 runs it nested; a nested call's SECONDS starts at 0)
+    END=${H39_END:-560}
+    timeout -k 10 $((END > 450 ? 200 : 120)) python -m pytest -q -p no:cacheprovider -m gpu tests/test_route_gl_gpu.py \
         > "$OUT/tests_route_gl.log" 2>&1
     log "pytest route_gl rc=$? $(tail -1 "$OUT/tests_route_gl.log")"
     grep -B3 -A30 "^E  " "$OUT/tests_route_gl.log" | head -60 >> "$OUT/round.log"
-    PROBE_ROUNDS=5 timeout -k 10 200 python bench/probes/route_switch.py PSA_ROUTE_GLUON > "$OUT/route_gl_ab.txt" 2>&1
+    PROBE_ROUNDS=5 timeout -k 10 $((END > 450 ? 200 : 150)) python bench/probes/route_switch.py PSA_ROUTE_GLUON \
+        > "$OUT/route_gl_ab.txt" 2>&1
     log "route_gl A/B rc=$? $(grep -v RESULT "$OUT/route_gl_ab.txt" | cut -c1-2500)"
     decide PSA_ROUTE_GLUON "$OUT/route_gl_ab.txt" --rows wan14 --faster-rounds 4 --tests "$OUT/tests_route_gl.log"
     decide PSA_ROUTE_GLUON "$OUT/route_gl_ab.txt" --rows flux --max-ratio 1.01
-    PSA_ROUTE_GLUON=1 run_tests fwd_route_gl $((560 - SECONDS)) tests/test_triton_gpu.py tests/test_nonfinite.py
+    PSA_ROUTE_GLUON=1 run_tests fwd_route_gl $((END - SECONDS)) tests/test_triton_gpu.py tests/test_nonfinite.py
     grep -B3 -A25 "^E  " "$OUT/tests_fwd_route_gl.log" | head -60 >> "$OUT/round.log"
     ;;
 E39)  # (carry .carry/cs1; ~9 min) three softmax / virtual-loop builds made on the CPU, all off, untimed: PSA_CUTE_BIAS_SLACK
