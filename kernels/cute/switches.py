@@ -65,7 +65,10 @@ PAIR_SHARE_MAX_SEL = 256  # both lists in its shared memory (2 KiB); longer ones
 # shared-pipeline test 29), but on DiT-like Morton inputs at 480p (bench/probes/split_clocks.py, the exact part alone)
 # it took 6.10 ms against the shared pipeline's 5.93 and the per-list pipelines' 5.28 (11.4 / 10.9 / 8.5 M cycles):
 # the other list's waits and releases were not what the shared pipeline pays for (its one producer warp filling one
-# ring in union order for both consumers is the suspect left)
+# ring in union order for both consumers is the suspect left). Session 28's CPU model of that ring (bench/probes/
+# union_pacing.py, pieces_h200.md) puts the sorted merge's pacing at 9-12% of the per-list cycles, a third of the
+# measured loss at most: the shared consumers' per-tile cost is the larger part; an order alternating the two lists'
+# own tiles would remove the pacing share
 # the pair build on the Morton path reading the caller's query rows through the permutation and writing the output
 # through it (fwd_pair.py q_perm: no q copy, no scatter, q's copy no longer in the peak). PSA_CUTE_PAIR_Q_PERM=1/0
 # overrides. Session 10 (cute_pair_q_perm4_s10_h200.txt, as the node calls it, 4 rounds, medians): correct (max
