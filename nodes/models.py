@@ -9,8 +9,9 @@ call are laid out:
 
 Prefix/suffix are text (FLUX, FLUX.2, Qwen-Image, Z-Image, HunyuanVideo 1.5: in front; HunyuanVideo on
 ComfyUI <= 0.3.x: text last) or pad tokens (Z-Image pads the image to a multiple of 32 tokens at the end).
-Other self-attention calls of the forward whose length is known (a text refiner, Z-Image's image refiner,
-LTX-2's audio stream) are named in `side` so the policy keeps them dense without a warning.
+Other self-attention calls of the forward whose length is known (a text refiner, Kandinsky 5's text encoder
+blocks, Z-Image's image refiner, LTX-2's audio stream) are named in `side` so the policy keeps them dense
+without a warning.
 
 `token_order(...)` gives the one permutation the node applies when text sits behind the latent tokens: the
 exact tokens first, then the latent tokens (Morton or raster), inverted on the output; the operator then sees
@@ -57,6 +58,10 @@ def model_spec(model) -> ModelSpec:
             return ModelSpec(family, None, len(dm.layers))
         if family == "ltxv":
             return ModelSpec(family, None, len(dm.transformer_blocks))
+        if family == "kandinsky5":
+            return ModelSpec(family, None, len(dm.visual_transformer_blocks))
+        if family == "cosmos_predict2":
+            return ModelSpec(family, None, len(dm.blocks))
     except (AttributeError, TypeError) as e:  # a class of the family with another structure
         return ModelSpec(None, f"{type(base).__name__} ({type(dm).__name__}) has no block list of the "
                                f"{family} layout ({e}); attention stays dense")
@@ -75,6 +80,10 @@ def block_modules(family: str, dm) -> list:
             return list(dm.transformer_blocks)
         if family == "lumina2":
             return list(dm.layers)
+        if family == "kandinsky5":
+            return list(dm.visual_transformer_blocks)
+        if family == "cosmos_predict2":
+            return list(dm.blocks)
     except (AttributeError, TypeError):
         pass
     return []
@@ -226,8 +235,31 @@ def _ltxv(dm, x, context, args, kwargs) -> ForwardInfo:
     return ForwardInfo("ltxv", grid, 0, side=side)
 
 
+def _kandinsky5(dm, x, context, args, kwargs) -> ForwardInfo:
+    # video (and image: a 4D latent, one frame) self-attention over the patched grid in raster order; text enters by
+    # cross-attention, and the text encoder blocks attend over the prompt alone before the visual blocks
+    if x.dim() not in (4, 5):
+        return ForwardInfo("kandinsky5", None, 0, f"Kandinsky 5 latent of rank {x.dim()}, expected 4 or 5")
+    p = _patch(dm, 3, (1, 2, 2))
+    side = ((_len(context), "text"),)
+    if x.dim() == 4:
+        return ForwardInfo("kandinsky5", _grid(x.shape[-2:], p[1:]), 0, side=side)
+    return ForwardInfo("kandinsky5", _grid(x.shape[2:], p), 0, side=side)
+
+
+def _cosmos_predict2(dm, x, context, args, kwargs) -> ForwardInfo:
+    # self-attention over the patched (T, H, W) grid in raster order (one frame for the text-to-image models and
+    # Anima: a 2D grid); text enters by cross-attention only
+    if x.dim() != 5:
+        return ForwardInfo("cosmos_predict2", None, 0, f"Cosmos latent of rank {x.dim()}, expected 5")
+    ps, pt = int(getattr(dm, "patch_spatial", 2)), int(getattr(dm, "patch_temporal", 1))
+    grid = _grid(x.shape[2:], (pt, ps, ps))
+    return ForwardInfo("cosmos_predict2", grid[1:] if grid[0] == 1 else grid, 0)
+
+
 _LAYOUTS = {"wan": _wan, "flux": _flux, "qwen_image": _qwen_image, "lumina2": _lumina2,
-            "hunyuan_video": _hunyuan_video, "ltxv": _ltxv}
+            "hunyuan_video": _hunyuan_video, "ltxv": _ltxv, "kandinsky5": _kandinsky5,
+            "cosmos_predict2": _cosmos_predict2}
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The models of 2026 through ComfyUI's own classes at tiny configs, in-process, on every ComfyUI version that
 has them: Wan2.2 TI2V 5B (WAN22, 48-channel latent), FLUX.2 (Flux2, 512 padded text tokens, patch 1),
 Qwen-Image, Z-Image (caption and image each padded to 32 tokens: pads behind the image), HunyuanVideo 1.5
-(0.33: text in front) and HunyuanVideo 1.0 (0.3.64: text behind the video), LTX-Video. Each is detected by
+(0.33: text in front) and HunyuanVideo 1.0 (0.3.64: text behind the video), LTX-Video, Kandinsky 5 video and
+image, Cosmos Predict2 (0.33). Each is detected by
 class hierarchy, sparse exactly on the joint self-attention calls of the sparse steps and blocks, keeps its
 text (and pad) tokens as exact sink blocks wherever they sit, and at density 1 reproduces dense sampling.
 Wan2.2 A14B's two experts (two models, two KSamplerAdvanced passes) count dense steps over the whole schedule."""
@@ -106,6 +107,30 @@ CASES = {
                       num_attention_heads=2, caption_channels=64, num_layers=4),
                  (1, 128, 3, 16, 16), 64, {"attention_mask": torch.ones(1, TXT, dtype=torch.long)}, "ltxv", 0, False,
                  (3, 16, 16), 768),
+    # (0.33) video: the latent plus the image and mask channels ComfyUI concatenates (33 x patch 4 = 132 features);
+    # self-attention over the grid alone (text by cross-attention, the text encoder blocks over the prompt alone)
+    "kandinsky5": Case("Kandinsky5", "comfy.ldm.kandinsky5.model:Kandinsky5",
+                       dict(image_model="kandinsky5", in_text_dim=64, in_text_dim2=768, time_dim=64, model_dim=128,
+                            ff_dim=256, visual_embed_dim=132, num_text_blocks=1, num_visual_blocks=4,
+                            axes_dims=(16, 24, 24)),
+                       (1, 16, 3, 32, 32), 64, {"pooled_output": torch.zeros(1, 768)}, "kandinsky5", 0, False,
+                       (3, 16, 16), 768),
+    # the image model: a 4D latent, no concatenated channels (16 x patch 4 = 64 features)
+    "kandinsky5_image": Case("Kandinsky5Image", "comfy.ldm.kandinsky5.model:Kandinsky5",
+                             dict(image_model="kandinsky5", in_text_dim=64, in_text_dim2=768, time_dim=64,
+                                  model_dim=128, ff_dim=256, visual_embed_dim=64, num_text_blocks=1,
+                                  num_visual_blocks=4, axes_dims=(16, 24, 24), rope_scale_factor=(1.0, 1.0, 1.0)),
+                             (1, 16, 32, 32), 64, {"pooled_output": torch.zeros(1, 768)}, "kandinsky5", 0, False,
+                             (16, 16), 256),
+    # (0.33) Cosmos Predict2 (MiniTrainDIT; Anima subclasses it): self-attention over the (T, H, W) grid, text by
+    # cross-attention; three frames here (the text-to-image model takes one)
+    "cosmos_predict2": Case("CosmosT2IPredict2", "comfy.ldm.cosmos.predict2:MiniTrainDIT",
+                            dict(image_model="cosmos_predict2", max_img_h=240, max_img_w=240, max_frames=128,
+                                 in_channels=16, out_channels=16, patch_spatial=2, patch_temporal=1,
+                                 concat_padding_mask=True, model_channels=128, num_blocks=4, num_heads=2,
+                                 crossattn_emb_channels=64, pos_emb_cls="rope3d", use_adaln_lora=True,
+                                 adaln_lora_dim=32),
+                            (1, 16, 3, 32, 32), 64, {}, "cosmos_predict2", 0, False, (3, 16, 16), 768),
 }
 
 
