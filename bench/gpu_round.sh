@@ -3,7 +3,8 @@
 #   carry [".carry/cs1"]    command: bash bench/gpu_round.sh PHASE
 # Pending phases, in the order to run them (each header gives what it measures, the prediction and the rule for
 # turning a switch on, all written before timing; `decide` logs bench/probes/rule_check.py's DECISION line for it):
-# B39, E39, CH39 (C39's node A/B and decision, then H39: one call), G39, D39, L. Next session's 30 minutes of device
+# B39, E39, CH39 (C39's node A/B and decision, then H39: one call), G39, D39, L; F (every forward test) with the
+# switches the rules turned on, all together. Next session's 30 minutes of device
 # time (a machine's start included) hold three calls of up to 10 minutes: B39, E39, CH39 (session 28's order: the
 # statistics' default first, since G39 and D39 build on it; then the three kernel builds, which bear on the virtual
 # and exact parts, the operator's largest; C39's pieces run (L) waits). Reusable phases: L (every piece at 480p,
@@ -211,6 +212,14 @@ L)  # every piece at 480p, 720p and FLUX.1 with the session-7 defaults, both bac
     timeout ${PIECES_TIMEOUT:-400} python bench/pieces.py --out "$OUT/pieces_l" --morton --flux-node --ditlike \
         --shapes wan14,wan14_720,flux > "$OUT/pieces_l.log" 2>&1
     log "pieces rc=$?"
+    ;;
+F)  # every forward GPU test (B39's set) under the caller's environment: after defaults flip on several phases' rules,
+    # once with all of them on together (e.g. `PSA_CUTE_VT_FULL=1 PSA_CUTE_LAZY_RESCALE=1 bash bench/gpu_round.sh F`
+    # before the flips are committed), since each phase timed and tested its switch alone
+    env | grep -E "^PSA_" | sort | tr '\n' ' ' | sed 's/^/switches: /' >> "$OUT/round.log"; echo >> "$OUT/round.log"
+    run_tests fwd_all $((570 - SECONDS)) tests/test_triton_gpu.py tests/test_cute_gpu.py tests/test_cute_pair_gpu.py \
+        tests/test_nonfinite.py tests/test_graphs_gpu.py tests/test_api_errors.py
+    grep -B3 -A25 "^E  " "$OUT/tests_fwd_all.log" | head -80 >> "$OUT/round.log"
     ;;
 T)  # the CuTe GPU tests with the stashed picks (after N, when N had no time left for them)
     run_tests cute 300 tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
