@@ -30,6 +30,7 @@ SUPPORTED_DTYPES = ("torch.float16", "torch.bfloat16", "torch.float32")
 FAMILY_CLASSES = {
     ("comfy.ldm.wan.model", "WanModel"): "wan",  # Wan2.1, Wan2.2 A14B (WAN21) and TI2V 5B (WAN22), VACE, ...
     ("comfy.ldm.flux.model", "Flux"): "flux",  # FLUX.1 dev/schnell, FLUX.2 (Flux2), Kontext
+    ("comfy.ldm.chroma.model", "Chroma"): "flux",  # Chroma, Chroma Radiance: FLUX's blocks and token layout
     ("comfy.ldm.qwen_image.model", "QwenImageTransformer2DModel"): "qwen_image",
     ("comfy.ldm.lumina.model", "NextDiT"): "lumina2",  # Lumina Image 2.0, Z-Image
     ("comfy.ldm.hunyuan_video.model", "HunyuanVideo"): "hunyuan_video",  # HunyuanVideo 1.0 and 1.5
@@ -43,7 +44,7 @@ EXCLUDED_CLASSES = {
     ("comfy.ldm.flux.controlnet", "ControlNetFlux"): "a ControlNet, not a diffusion model",
     ("comfy.ldm.qwen_image.controlnet", "QwenImageControlNetModel"): "a ControlNet, not a diffusion model",
 }
-SUPPORTED_MODELS = ("Wan2.1, Wan2.2 (A14B, TI2V 5B, VACE), FLUX.1, FLUX.2, Qwen-Image, Z-Image / Lumina 2, "
+SUPPORTED_MODELS = ("Wan2.1, Wan2.2 (A14B, TI2V 5B, VACE), FLUX.1, FLUX.2, Chroma, Qwen-Image, Z-Image / Lumina 2, "
                     "HunyuanVideo 1.0/1.5, LTX-Video / LTX-2, Kandinsky 5, Cosmos Predict2 / Anima")
 
 

@@ -1,8 +1,8 @@
 """The models of 2026 through ComfyUI's own classes at tiny configs, in-process, on every ComfyUI version that
 has them: Wan2.2 TI2V 5B (WAN22, 48-channel latent), FLUX.2 (Flux2, 512 padded text tokens, patch 1),
 Qwen-Image, Z-Image (caption and image each padded to 32 tokens: pads behind the image), HunyuanVideo 1.5
-(0.33: text in front) and HunyuanVideo 1.0 (0.3.64: text behind the video), LTX-Video, Kandinsky 5 video and
-image, Cosmos Predict2 (0.33). Each is detected by
+(0.33: text in front) and HunyuanVideo 1.0 (0.3.64: text behind the video), LTX-Video, Chroma (FLUX's layout in
+a class of its own), Kandinsky 5 video and image (0.33), Cosmos Predict2. Each is detected by
 class hierarchy, sparse exactly on the joint self-attention calls of the sparse steps and blocks, keeps its
 text (and pad) tokens as exact sink blocks wherever they sit, and at density 1 reproduces dense sampling.
 Wan2.2 A14B's two experts (two models, two KSamplerAdvanced passes) count dense steps over the whole schedule."""
@@ -122,6 +122,14 @@ CASES = {
                                   num_visual_blocks=4, axes_dims=(16, 24, 24), rope_scale_factor=(1.0, 1.0, 1.0)),
                              (1, 16, 32, 32), 64, {"pooled_output": torch.zeros(1, 768)}, "kandinsky5", 0, False,
                              (16, 16), 256),
+    # Chroma (FLUX's layout in its own class; Chroma Radiance subclasses it): text in front of the image tokens
+    "chroma": Case("Chroma", "comfy.ldm.chroma.model:ChromaParams",
+                   dict(image_model="chroma", in_channels=64, out_channels=64, context_in_dim=64, hidden_size=256,
+                        mlp_ratio=4.0, num_heads=2, depth=2, depth_single_blocks=2, axes_dim=[16, 56, 56],
+                        theta=10000, patch_size=2, qkv_bias=True, in_dim=64, out_dim=256, hidden_dim=128,
+                        n_layers=2, txt_ids_dims=[], vec_in_dim=None),
+                   (1, 16, 32, 32), 64, {"pooled_output": torch.zeros(1, 768)}, "flux", TXT, False, (16, 16),
+                   TXT + 256),
     # (0.33) Cosmos Predict2 (MiniTrainDIT; Anima subclasses it): self-attention over the (T, H, W) grid, text by
     # cross-attention; three frames here (the text-to-image model takes one)
     "cosmos_predict2": Case("CosmosT2IPredict2", "comfy.ldm.cosmos.predict2:MiniTrainDIT",
