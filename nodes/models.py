@@ -60,7 +60,7 @@ def model_spec(model) -> ModelSpec:
             return ModelSpec(family, None, len(dm.transformer_blocks))
         if family == "kandinsky5":
             return ModelSpec(family, None, len(dm.visual_transformer_blocks))
-        if family == "cosmos_predict2":
+        if family in ("cosmos_predict2", "cogvideox"):
             return ModelSpec(family, None, len(dm.blocks))
     except (AttributeError, TypeError) as e:  # a class of the family with another structure
         return ModelSpec(None, f"{type(base).__name__} ({type(dm).__name__}) has no block list of the "
@@ -82,7 +82,7 @@ def block_modules(family: str, dm) -> list:
             return list(dm.layers)
         if family == "kandinsky5":
             return list(dm.visual_transformer_blocks)
-        if family == "cosmos_predict2":
+        if family in ("cosmos_predict2", "cogvideox"):
             return list(dm.blocks)
     except (AttributeError, TypeError):
         pass
@@ -257,9 +257,18 @@ def _cosmos_predict2(dm, x, context, args, kwargs) -> ForwardInfo:
     return ForwardInfo("cosmos_predict2", grid[1:] if grid[0] == 1 else grid, 0)
 
 
+def _cogvideox(dm, x, context, args, kwargs) -> ForwardInfo:
+    # joint text + video attention, the text (the T5 prompt, padded to 226 tokens by its tokenizer) in front of the
+    # patched (T, H, W) grid in raster order; patch_size_t: CogVideoX 1.5's temporal patch (1.0: none)
+    if x.dim() != 5:
+        return ForwardInfo("cogvideox", None, 0, f"CogVideoX latent of rank {x.dim()}, expected 5")
+    ps, pt = int(getattr(dm, "patch_size", 2)), int(getattr(dm, "patch_size_t", None) or 1)
+    return ForwardInfo("cogvideox", _grid(x.shape[2:], (pt, ps, ps)), _len(context))
+
+
 _LAYOUTS = {"wan": _wan, "flux": _flux, "qwen_image": _qwen_image, "lumina2": _lumina2,
             "hunyuan_video": _hunyuan_video, "ltxv": _ltxv, "kandinsky5": _kandinsky5,
-            "cosmos_predict2": _cosmos_predict2}
+            "cosmos_predict2": _cosmos_predict2, "cogvideox": _cogvideox}
 
 
 # ---------------------------------------------------------------------------------------------------

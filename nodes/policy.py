@@ -37,6 +37,7 @@ FAMILY_CLASSES = {
     ("comfy.ldm.lightricks.model", "LTXVModel"): "ltxv",  # LTX-Video, LTX-2 (LTXAVModel)
     ("comfy.ldm.kandinsky5.model", "Kandinsky5"): "kandinsky5",  # Kandinsky 5 video (lite, pro) and image
     ("comfy.ldm.cosmos.predict2", "MiniTrainDIT"): "cosmos_predict2",  # Cosmos Predict2 (T2I, I2V), Anima
+    ("comfy.ldm.cogvideo.model", "CogVideoXTransformer3DModel"): "cogvideox",  # CogVideoX 1.0 / 1.5 (T2V, I2V, Fun)
 }
 # subclasses of a known class whose attention is not the parent's: (module, class) -> why they stay dense
 EXCLUDED_CLASSES = {
@@ -45,7 +46,7 @@ EXCLUDED_CLASSES = {
     ("comfy.ldm.qwen_image.controlnet", "QwenImageControlNetModel"): "a ControlNet, not a diffusion model",
 }
 SUPPORTED_MODELS = ("Wan2.1, Wan2.2 (A14B, TI2V 5B, VACE), FLUX.1, FLUX.2, Chroma, Qwen-Image, Z-Image / Lumina 2, "
-                    "HunyuanVideo 1.0/1.5, LTX-Video / LTX-2, Kandinsky 5, Cosmos Predict2 / Anima")
+                    "HunyuanVideo 1.0/1.5, LTX-Video / LTX-2, Kandinsky 5, Cosmos Predict2 / Anima, CogVideoX")
 
 
 @dataclass(frozen=True)

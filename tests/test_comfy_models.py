@@ -2,7 +2,8 @@
 has them: Wan2.2 TI2V 5B (WAN22, 48-channel latent), FLUX.2 (Flux2, 512 padded text tokens, patch 1),
 Qwen-Image, Z-Image (caption and image each padded to 32 tokens: pads behind the image), HunyuanVideo 1.5
 (0.33: text in front) and HunyuanVideo 1.0 (0.3.64: text behind the video), LTX-Video, Chroma (FLUX's layout in
-a class of its own), Kandinsky 5 video and image (0.33), Cosmos Predict2. Each is detected by
+a class of its own), Kandinsky 5 video and image (0.33), Cosmos Predict2, CogVideoX (0.33: no block index,
+counted). Each is detected by
 class hierarchy, sparse exactly on the joint self-attention calls of the sparse steps and blocks, keeps its
 text (and pad) tokens as exact sink blocks wherever they sit, and at density 1 reproduces dense sampling.
 Wan2.2 A14B's two experts (two models, two KSamplerAdvanced passes) count dense steps over the whole schedule."""
@@ -139,6 +140,12 @@ CASES = {
                                  crossattn_emb_channels=64, pos_emb_cls="rope3d", use_adaln_lora=True,
                                  adaln_lora_dim=32),
                             (1, 16, 3, 32, 32), 64, {}, "cosmos_predict2", 0, False, (3, 16, 16), 768),
+    # (0.33) CogVideoX: joint text + video attention, text in front; ComfyUI gives no block index (counted)
+    "cogvideox": Case("CogVideoX_T2V", "comfy.ldm.cogvideo.model:CogVideoXTransformer3DModel",
+                      dict(image_model="cogvideox", num_attention_heads=2, attention_head_dim=64, in_channels=16,
+                           out_channels=16, time_embed_dim=64, text_embed_dim=64, num_layers=4, sample_width=32,
+                           sample_height=32, sample_frames=9, patch_size=2, use_rotary_positional_embeddings=True),
+                      (1, 16, 3, 32, 32), 64, {}, "cogvideox", TXT, False, (3, 16, 16), TXT + 768),
 }
 
 
