@@ -196,7 +196,10 @@ TMA_STORE_ONE = True
 # the next row or that slack, and _bias_slots turns them into -inf as before). The clamps (14 VIADDMNMX) and half the
 # addresses go (the loads then share one address per column pair): the shipped S_AHEAD_VT virtual loop's sm_90a SASS
 # 546 -> 513 instructions per tile (bench/probes/cute_sass_loops.py bias_slack=1; 168 registers, no spills). Built on
-# the CPU in session 26, untimed: off
+# the CPU in session 26. Session 29 on the H200 (vt_builds_kernel_s29_h200.txt, the pair kernel alone, 7 alternated
+# rounds, bitwise the same output): pwt 6.335 -> 6.267 ms at 480p (5 of 7 rounds faster), 33.60 -> 33.22 at 720p (6
+# of 7), where the rule asked 6 of 7 at both; the build without virtual tiles, which the slack does not change, moved
+# by up to 1% between the same arms: off. PSA_CUTE_BIAS_SLACK=1/0 overrides
 BIAS_SLACK = False
 # the S-ahead virtual loop's whole-block tiles (S_AHEAD_VT; every tile but the first and the last) as VT_PEEL's: log2(64)
 # in the bias (tile_ops._bias_full), so P comes out as the block's mass with no per-column count multiply and the

@@ -356,7 +356,8 @@ def _forward_gathered(q, k, v, cfg, perm, fperm, n_prefix, config, scratch, atte
 # 8.28 ms (+4.9%), 720p 0.92x -> 0.67x q at 38.67 -> 38.40 ms. The rule asked <= 3%: off. (Its 480p output moved by up
 # to 3.8e-3 in 1-2 query rows of 14 of 40 heads: copies and block means bit-identical, but the one-pass statistics' H
 # partials per head follow the chunk's head count, 13 at 20 heads, 11 at 12, 9 at 14, so near-tied lists flip;
-# roll_diff_stages_s17_h200.txt)
+# roll_diff_stages_s17_h200.txt). Session 29, with the Gluon statistics under both arms (switch_morton_roll_gluon_s29_
+# h200.txt, CuTe, 5 rounds): 480p 7.127 -> 7.483 ms (+5.0%), 720p 36.09 -> 35.71 (-1.1%), peaks 0.86x / 0.67x q: off
 MORTON_ROLL = False
 # the rolled chunks' k, v copies stay under this x q at most (below the default budget, unless PSA_MORTON_SCRATCH is
 # set): Wan2.1-14B 480p in 3 chunks of 14/14/12 heads, 0.7x q of copies (2 chunks: 1.0x), 720p in 4 as before

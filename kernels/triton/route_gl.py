@@ -1,4 +1,5 @@
-"""The routing scores as a Gluon kernel on SM90 (issue #11; PSA_ROUTE_GLUON=1, off until timed on the H200).
+"""The routing scores as a Gluon kernel on SM90 (issue #11; PSA_ROUTE_GLUON=1; off: slower than the Triton kernel
+on the H200, session 29).
 
 Why: route.py's `_scores_kernel` (Triton) took 0.51-0.66 ms at Wan2.1-14B 720p (40 heads, 1182 blocks) where its work
 is ~0.15 ms of tensor-core time and 0.08 ms of stores (the float32 scores and the bias rows): Nsight Compute (session
@@ -143,8 +144,11 @@ _broken: dict[str, str] = {}  # device -> why the Gluon kernel failed there (the
 
 
 def enabled() -> bool:
-    """PSA_ROUTE_GLUON=1 (read per call, in the CUDA-graph key): this kernel where usable() holds. Off by default until
-    timed and tested on the H200 (bench/gpu_round.sh H39)."""
+    """PSA_ROUTE_GLUON=1 (read per call, in the CUDA-graph key): this kernel where usable() holds. Off: session 29 on
+    the H200 (bench/results/route_gl_ab_s29_h200.txt, 5 alternated rounds) passed its 15 GPU tests and the forward
+    ones with it, but route() took 1.072 -> 1.366 ms at Wan2.1-14B 720p (the scores 0.535 -> 0.830) and 0.183 ->
+    0.187 at 480p, slower in every round; fewer SASS instructions per tile did not make the row-walking programs
+    faster than the Triton kernel's one-tile programs."""
     return os.environ.get("PSA_ROUTE_GLUON", "0").strip() == "1"
 
 
