@@ -152,17 +152,6 @@ builds.append(("pisa/pwt pair recip out_perm pv_fence s_ahead_vt",
 builds.append(("pisa/pwt pair recip tma_store pv_fence s_ahead_vt bias_slack",
                lambda: FP.PairFwdSm90(4, 4, D, "", True, pv_fence=True, s_ahead_vt=True, tma_store=True,
                                       bias_slack=True), vb, 168))
-# the shipped pair build with the S-ahead virtual loop's whole-block tiles as the peel's (fwd.VT_FULL, session 27)
-builds.append(("pisa/pwt pair recip tma_store pv_fence s_ahead_vt vt_full",
-               lambda: FP.PairFwdSm90(4, 4, D, "", True, pv_fence=True, s_ahead_vt=True, tma_store=True,
-                                      vt_full=True), vb, 168))
-# the shipped builds with the lazy rescale (fwd.LAZY_RESCALE, session 27)
-builds.append(("pisa/pwt pair recip tma_store pv_fence s_ahead_vt lazy",
-               lambda: FP.PairFwdSm90(4, 4, D, "", True, pv_fence=True, s_ahead_vt=True, tma_store=True,
-                                      lazy_rescale=True), vb, 168))
-builds.append(("drop q_rs pv_fence tma_store lazy",
-               lambda: F.PiecewiseSparseFwdSm90(False, 5, D, True, pv_fence=True, tma_store=True, lazy_rescale=True),
-               vb, 128))
 ONLY = os.environ.get("PSA_COMPILE_ONLY")  # (by hand: the builds whose name holds this string)
 for name, make, vbias, reg_bound in builds:
     if ONLY and ONLY not in name:

@@ -76,8 +76,7 @@ D_SUPPORTED = 128
 from .switches import (  # noqa: E402  the switches and their measured history
     Q_RS, BIAS_L2, BIAS_PF, OUT_PERM, PAIR_OUT_PERM, Q_PERM, PAIR_MIN_BLOCKS, RECIP_STORE, PAIR_SHARE,
     PAIR_SHARE_MAX_SEL, PAIR_Q_PERM, PAIR_VT_STAGES, VT_PEEL, PINGPONG, TREE_MAX, TREE_SUM, S_AHEAD, PV_FENCE,
-    PV_FENCE_VT, PV_PIN, TMA_STORE, TMA_STORE_ONE, S_AHEAD_VT, PAIR_DROP, BIAS_SLACK, VT_FULL,
-    LAZY_RESCALE)
+    PV_FENCE_VT, PV_PIN, TMA_STORE, TMA_STORE_ONE, S_AHEAD_VT, PAIR_DROP, BIAS_SLACK)
 
 
 class PiecewiseSparseFwdSm90(TileOps):
@@ -86,9 +85,8 @@ class PiecewiseSparseFwdSm90(TileOps):
     def __init__(self, approx: bool, kv_stages: int = 4, head_dim: int = 128, q_rs: bool = False,
                  bias_l2: bool = False, bias_pf: bool = False, out_perm: bool = False, q_perm: bool = False,
                  tree_max: bool = False, tree_sum: bool = False, pv_fence: bool = False, pv_fence_vt: bool = False,
-                 pv_pin: bool = False, tma_store: bool = False, lazy_rescale: bool = False):
+                 pv_pin: bool = False, tma_store: bool = False):
         self.approx = approx
-        self.lazy_rescale = lazy_rescale  # tile_ops._online_softmax's reference max kept within LAZY_TAU
         # the epilogue through the query stage and one TMA store (tile_ops._store_tile_tma; TMA_STORE_ONE)
         self.tma_store = tma_store and not (out_perm or q_perm)
         self.pv_fence = pv_fence  # a fence before the wait for P V after an exact tile's softmax (PV_FENCE)
@@ -414,7 +412,7 @@ _compiled: dict = {}
 # the cache key's fields in order (tests and probes read a build's switches by name: compiled_builds())
 KEY_FIELDS = ("approx", "stages", "dtype", "D", "q_rs", "bias_l2", "bias_pf", "out_perm", "vt_stages", "probe",
               "recip", "share", "q_perm", "vt_peel", "pingpong", "tree_max", "tree_sum", "s_ahead", "pv_fence",
-              "pv_fence_vt", "pv_pin", "s_ahead_vt", "tma_store", "bias_slack", "vt_full", "lazy_rescale")
+              "pv_fence_vt", "pv_pin", "s_ahead_vt", "tma_store", "bias_slack")
 _compile_seconds: dict = {}
 _lock = threading.Lock()
 _executors: dict = {}  # (compile key, device index) -> fn.to(device): one compile, one binding per GPU
@@ -590,11 +588,9 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
     tma_store = not out_perm and (_env_flag("PSA_CUTE_TMA_STORE", TMA_STORE) if pair
                                   else _env_flag("PSA_CUTE_TMA_STORE_ONE", TMA_STORE_ONE))
     bias_slack = pair and approx and _env_flag("PSA_CUTE_BIAS_SLACK", BIAS_SLACK) and _has_slack(vb)
-    vt_full = s_ahead_vt and approx and probe == "" and _env_flag("PSA_CUTE_VT_FULL", VT_FULL)
-    lazy = _env_flag("PSA_CUTE_LAZY_RESCALE", LAZY_RESCALE)
     key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm, vt_stages, probe, recip, share,
            bool(q_perm), vt_peel, pingpong, tree_max, tree_sum, s_ahead, pv_fence, pv_fence_vt, pv_pin, s_ahead_vt,
-           tma_store, bias_slack, vt_full, lazy)
+           tma_store, bias_slack)
     assert len(key) == len(KEY_FIELDS)
     args = [_cute(x) for x in (q, k, v, out, kb, vm, hb)]
     args += [from_dlpack(vb.detach(), assumed_align=vb.element_size()).mark_layout_dynamic(leading_dim=3),
@@ -616,11 +612,11 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
                                        pingpong, tree_max=tree_max, tree_sum=tree_sum, s_ahead=s_ahead,
                                        pv_fence=pv_fence, pv_fence_vt=pv_fence_vt, pv_pin=pv_pin,
                                        s_ahead_vt=s_ahead_vt, out_perm=out_perm, tma_store=tma_store,
-                                       bias_slack=bias_slack, vt_full=vt_full, lazy_rescale=lazy)
+                                       bias_slack=bias_slack)
                 else:
                     kern = PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2, bias_pf, out_perm, bool(q_perm),
                                                   tree_max=tree_max, tree_sum=tree_sum, pv_fence=pv_fence,
-                                                  pv_pin=pv_pin, tma_store=tma_store, lazy_rescale=lazy)
+                                                  pv_pin=pv_pin, tma_store=tma_store)
                 fn = cute.compile(kern, *args, *scal, stream)
                 dt = time.perf_counter() - t0
                 _compile_seconds[str(key)] = dt

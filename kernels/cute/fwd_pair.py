@@ -84,14 +84,12 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                  recip_store: bool = False, share: bool = False, q_perm: bool = False, vt_peel: bool = False,
                  pingpong: bool = False, tree_max: bool = False, tree_sum: bool = False, s_ahead: bool = False,
                  pv_fence: bool = False, pv_fence_vt: bool = False, pv_pin: bool = False, s_ahead_vt: bool = False,
-                 out_perm: bool = False, tma_store: bool = False, bias_slack: bool = False, vt_full: bool = False,
-                 lazy_rescale: bool = False):
+                 out_perm: bool = False, tma_store: bool = False, bias_slack: bool = False):
         # q_perm (Morton): query row t read from row mPerm[t] of the caller's q into the consumer's registers, the
         # output written through mPerm (fwd.py's q_perm); out_perm alone: only the output rows (fwd.PAIR_OUT_PERM)
         super().__init__(True, kv_stages, head_dim, q_rs=True, out_perm=q_perm or out_perm, q_perm=q_perm,
                          tree_max=tree_max,
-                         tree_sum=tree_sum, pv_fence=pv_fence, pv_fence_vt=pv_fence_vt, pv_pin=pv_pin,
-                         lazy_rescale=lazy_rescale)
+                         tree_sum=tree_sum, pv_fence=pv_fence, pv_fence_vt=pv_fence_vt, pv_pin=pv_pin)
         self.recip_store = recip_store  # the epilogue multiplies by 1 / row sum (tile_ops._store_rows)
         # the epilogue through the query stage and one TMA store (pair_sched._store_tile_tma, fwd.TMA_STORE); rows
         # through a permutation keep the per-element stores
@@ -127,8 +125,6 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
         # with s_ahead (232 bytes of spills with both, sm_90a)
         self.s_ahead_vt = s_ahead_vt and not share and not self.pingpong and not self.s_ahead
         self.vt_peel = self.vt_peel and not self.s_ahead_vt
-        # its whole-block tiles with log2(BS) in the bias, no counts or second sum (fwd.VT_FULL, _bias_full)
-        self.vt_full = vt_full and self.s_ahead_vt and probe == ""
         assert not self.s_ahead_vt or vt_stages >= 4, "s_ahead_vt holds three shared stages"
         self.threads = 384
         self.regs_producer = 24

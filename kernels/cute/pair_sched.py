@@ -161,9 +161,7 @@ class PairSchedule:
         build. Tiles 1 .. n_vt - 2 hold whole blocks, none the last: their counts are the constant BS (_bias_whole,
         `whole`), which frees the count registers, and an issue barrier keeps S of t above the softmax (sm_90a SASS:
         without both, ptxas issued every HGMMA of S after the softmax's exponentials). The same operations per tile
-        as the plain loop: bitwise its output. vt_full (fwd.VT_FULL): those tiles as the peel's instead, log2(BS) in
-        the bias (_bias_full, `full`): no count multiplies and no second sum, not bitwise the plain loop. Returns the
-        advanced consumer (vp_cons = ..., as _pass)."""
+        as the plain loop: bitwise its output. Returns the advanced consumer (vp_cons = ..., as _pass)."""
         vmask = self.probe != "asexact"
         kh = vp_cons.wait_and_advance()  # k-bar of tile 1
         vh = vp_cons.wait_and_advance()  # value means of tile 0
@@ -174,16 +172,13 @@ class PairSchedule:
         vprev = vh
         for t in cutlass.range(2, n_vt, unroll=1):
             kh = vp_cons.wait_and_advance()  # k-bar of t
-            if cutlass.const_expr(self.vt_full):  # tile t - 1: whole blocks, none the last
-                self._bias_full(bias, bias_h)
-            else:
-                self._bias_whole(bias, bias_h)
+            self._bias_whole(bias, bias_h)  # tile t - 1: whole blocks, none the last
             self._bias_fetch(bias_h, vrow, tScS, t, n_kv)
             sbuf.store(acc_s.load())
             self._issue_ss(qk_mma, acc_s, sQi, tSrKp[(None, None, None, kh.index)])
             self._issue_barrier(row_sum)  # (S of t stays issued above the softmax of t - 1)
             self._softmax_tile(sbuf, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, vmask,
-                               False, rem, False, full=self.vt_full, whole=not self.vt_full)
+                               False, rem, False, whole=True)
             self._pv_wait(True, row_sum, True)  # P V of t - 2 and S of t, after the whole softmax
             vprev.release()
             kh.release()

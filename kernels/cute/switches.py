@@ -201,21 +201,11 @@ TMA_STORE_ONE = True
 # of 7), where the rule asked 6 of 7 at both; the build without virtual tiles, which the slack does not change, moved
 # by up to 1% between the same arms: off. PSA_CUTE_BIAS_SLACK=1/0 overrides
 BIAS_SLACK = False
-# the S-ahead virtual loop's whole-block tiles (S_AHEAD_VT; every tile but the first and the last) as VT_PEEL's: log2(64)
-# in the bias (tile_ops._bias_full), so P comes out as the block's mass with no per-column count multiply and the
-# first-order weight is the row's sum / 64, exactly (no second sum): 64 fewer multiplies and adds per thread and tile.
-# At the power cap (session 25) a kernel's time follows its joules, and a virtual tile issues about twice an exact
-# tile's instructions for the same tensor-core work. Not bitwise the shipped loop (the exponent's rounding of log2(64)
-# moves some bf16 outputs by one unit, as VT_PEEL's did: 1.9e-3 rel L2 between the two on the H200). Built on the CPU
-# in session 27, untimed: off. PSA_CUTE_VT_FULL=1/0 overrides
-VT_FULL = False
-# the online softmax keeps a row's reference max until a tile's max exceeds it by more than LAZY_TAU (log2 units;
-# FlashAttention-4's conditional rescaling): P <= 2^8 (x 64 with a virtual tile's token counts: inside float16's range),
-# and alpha is exactly 1 for the row, so the output's rescale (_rescale_o: 32 multiplies per thread and row) is
-# skipped. With the exact max a warp rescales in about half its tiles on random inputs (any of its 16 rows taking a
-# new maximum; 64 exact tiles); with the threshold, after the first tile almost never. The output is the same quotient
-# against another reference, not bitwise the shipped one (session 1's v4 had a lazy max with pipelined virtual tiles:
-# 2-3e-3 rel L2 from the Triton kernel, no faster then). Built on the CPU in session 27, untimed: off.
-# PSA_CUTE_LAZY_RESCALE=1/0 overrides
-LAZY_RESCALE = False
-LAZY_TAU = 8.0
+# Removed in session 29 after the H200 (vt_builds_kernel_s29_h200.txt, lazy_kernel_s29_h200.txt; the pair kernel alone,
+# 7 alternated rounds): VT_FULL (session 27: the S-ahead virtual loop's whole-block tiles as VT_PEEL's, log2(64) in the
+# bias, no count multiplies or second sum; 546 -> 485 SASS instructions per tile) 6.342 -> 6.328 ms at 480p and 33.61
+# -> 33.51 at 720p, and on BIAS_SLACK 6.268 -> 6.336 / 33.15 -> 33.16; LAZY_RESCALE (session 27: FlashAttention-4's
+# conditional rescaling, the reference max kept until a tile's exceeds it by 2^8) pwt 6.325 -> 6.309 / 33.91 -> 33.71,
+# drop 5.643 -> 5.486 / 29.17 -> 28.86, and 16% more error against float64 than the shipped softmax on large logits
+# (rel L2 1.39e-3 vs 1.20e-3; 5% on dense inputs). Fewer instructions per tile did not buy their share of time at the
+# power cap. The builds are in git history (commit 62dcc63)

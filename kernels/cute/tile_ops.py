@@ -20,7 +20,6 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from .switches import LAZY_TAU
 
 BS = 64  # query rows per CTA = tokens per routing block
 _PIN = 3.0e-38  # the row-sum test of _pv_wait's pinned fence (a thread's partial sums of exponentials hit it ~never)
@@ -334,12 +333,6 @@ class TileOps:
                 new_max[r] = cute.arch.fmax(new_max[r], acc_s[e])
         for r in cutlass.range_constexpr(n_rows):
             m = self._quad_max(new_max[r])
-            if cutlass.const_expr(self.lazy_rescale):
-                # (fwd.LAZY_RESCALE) the old reference stays unless this tile's max exceeds it by more than
-                # LAZY_TAU: then alpha is exactly 1 and _rescale_o skips the row. A first finite max always
-                # replaces -inf (nothing is <= -inf + TAU but -inf, which stays -inf and is then used as 0 below)
-                if m <= row_max[r] + cutlass.Float32(LAZY_TAU):
-                    m = row_max[r]
             m_use = m
             if m == -cutlass.Float32.inf:
                 m_use = 0.0

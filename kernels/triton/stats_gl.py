@@ -289,9 +289,9 @@ def enabled() -> bool:
     offset by 4: H-bar 7.0e-6 -> 1.0e-6 rel L2). Session 29 (stats_gl_ab_s29_h200.txt, 3 rounds): raster 0.360 ->
     0.278 / 0.820 -> 0.606, node layout 0.379 -> 0.282 / 0.839 -> 0.616, the Morton gather (q, k, v copies) 0.598 ->
     0.583 / 1.334 -> 1.315 (its bound 0.47 / 1.08: both kernels ~80%, the gather's prediction of 0.50-0.53 missed);
-    its 33 GPU tests, every forward GPU test (310; the 4 failing were PSA_CUTE_LAZY_RESCALE's own, off) and the 32
-    backward ones passed with it; the node's call within 1% of stats_h at every shape (switch_stats_gluon_s29_h200.txt,
-    5 rounds: 480p Morton -1.5% to +0.8%, 720p -1.4% / -0.6%, FLUX.1 +0.6%): on."""
+    its 33 GPU tests, every forward GPU test (310; the 4 failing were a lazy-rescale build's, since removed) and the
+    32 backward ones passed with it; the node's call within 1% of stats_h at every shape (switch_stats_gluon_s29_h200
+    .txt, 5 rounds: 480p -1.5% to +0.8%, 720p -1.4% / -0.6%, FLUX.1 +0.6%): on."""
     return env_switch("PSA_STATS_GLUON", True)
 
 
