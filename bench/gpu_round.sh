@@ -1,14 +1,17 @@
 # H200 device calls, one phase per call, run from the repository root with the cutlass-dsl site and ComfyUI's comfy/
 # files carried in one archive (bench/install_cute_site.sh unpacks it):
 #   carry [".carry/cs1"]    command: bash bench/gpu_round.sh PHASE
-# No phase is pending: session 29 ran B39, E39, CH39 (C39 + H39), G39, D39 and L (results and decisions in
+# Pending: F on the defaults (every forward GPU test; session 29 removed two switch-gated CuTe builds after its last
+# GPU call, with the shipped builds' sm_90a SASS byte-identical, and no machine could be started after). Session 29
+# ran B39, E39, CH39 (C39 + H39), G39, D39 and L (results and decisions in
 # bench/results/pieces_h200.md; those phases are in git history: `git show d1b661c:bench/gpu_round.sh`). A new build
 # gets a phase here with its prediction and on/off rule written before timing; `decide` logs
 # bench/probes/rule_check.py's DECISION line for it. Reusable phases: L (every piece at 480p, 720p and FLUX.1:
 # bench/pieces.py), E (the DiT step: bench/dit_step.py), C15 (the break-even table, installed into nodes/, then E),
 # D15 (the node's speed-up curve for web/js/speedup_h200.json), C21 (D15, then C15), F (every forward GPU test under
 # the caller's PSA_ switches), T (the CuTe GPU tests). The phases of sessions 2-26 are in `git show
-# 24921c1:bench/gpu_round.sh`. A machine's start costs ~1.5 of the session's 30 device minutes; one call runs <= 10.
+# 24921c1:bench/gpu_round.sh`. A machine's start costs ~1.5 of the session's 30 device minutes, and so does a start
+# that fails (session 29: three refused starts took 270 s); one call runs <= 10 minutes.
 # Tests run in 4 pytest-xdist workers (PSA_XDIST; the image has pytest-xdist): they are bound by compiles. Every result
 # lands under $OUT; a step that runs past its timeout is cut and the next one still runs.
 set -u
