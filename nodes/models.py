@@ -40,6 +40,18 @@ def _hierarchy(obj) -> list[tuple[str, str]]:
     return [(c.__module__, c.__name__) for c in type(obj).__mro__]
 
 
+# each family's transformer block lists in global block order (two lists: double-stream blocks, then single-stream)
+_BLOCK_LISTS = {"wan": ("blocks",), "flux": ("double_blocks", "single_blocks"),
+                "hunyuan_video": ("double_blocks", "single_blocks"), "qwen_image": ("transformer_blocks",),
+                "lumina2": ("layers",), "ltxv": ("transformer_blocks",), "kandinsky5": ("visual_transformer_blocks",),
+                "cosmos_predict2": ("blocks",), "cogvideox": ("blocks",)}
+
+
+def _block_lists(family: str, dm) -> list[list]:
+    """The family's block lists of `dm` (AttributeError / TypeError when its structure is another)."""
+    return [list(getattr(dm, name)) for name in _BLOCK_LISTS[family]]
+
+
 def model_spec(model) -> ModelSpec:
     """Family and block counts of a ComfyUI ModelPatcher (anything with .model.diffusion_model)."""
     base = getattr(model, "model", None)
@@ -47,46 +59,23 @@ def model_spec(model) -> ModelSpec:
     family, reason = policy.model_family(_hierarchy(dm), f"{type(base).__name__} ({type(dm).__name__})")
     if family is None:
         return ModelSpec(None, reason)
+    if family not in _BLOCK_LISTS:
+        return ModelSpec(None, f"unknown family {family}")
     try:
-        if family == "wan":
-            return ModelSpec(family, None, len(dm.blocks))
-        if family in ("flux", "hunyuan_video"):
-            return ModelSpec(family, None, len(dm.double_blocks) + len(dm.single_blocks), len(dm.double_blocks))
-        if family == "qwen_image":
-            return ModelSpec(family, None, len(dm.transformer_blocks))
-        if family == "lumina2":
-            return ModelSpec(family, None, len(dm.layers))
-        if family == "ltxv":
-            return ModelSpec(family, None, len(dm.transformer_blocks))
-        if family == "kandinsky5":
-            return ModelSpec(family, None, len(dm.visual_transformer_blocks))
-        if family in ("cosmos_predict2", "cogvideox"):
-            return ModelSpec(family, None, len(dm.blocks))
+        lists = _block_lists(family, dm)
     except (AttributeError, TypeError) as e:  # a class of the family with another structure
         return ModelSpec(None, f"{type(base).__name__} ({type(dm).__name__}) has no block list of the "
                                f"{family} layout ({e}); attention stays dense")
-    return ModelSpec(None, f"unknown family {family}")
+    return ModelSpec(family, None, sum(len(x) for x in lists), len(lists[0]) if len(lists) == 2 else 0)
 
 
 def block_modules(family: str, dm) -> list:
     """The transformer blocks of a diffusion model in global block order (the numbering of model_spec: single
     blocks after the double ones), [] when the structure is not the family's."""
     try:
-        if family == "wan":
-            return list(dm.blocks)
-        if family in ("flux", "hunyuan_video"):
-            return list(dm.double_blocks) + list(dm.single_blocks)
-        if family in ("qwen_image", "ltxv"):
-            return list(dm.transformer_blocks)
-        if family == "lumina2":
-            return list(dm.layers)
-        if family == "kandinsky5":
-            return list(dm.visual_transformer_blocks)
-        if family in ("cosmos_predict2", "cogvideox"):
-            return list(dm.blocks)
-    except (AttributeError, TypeError):
-        pass
-    return []
+        return [blk for x in _block_lists(family, dm) for blk in x]
+    except (AttributeError, TypeError, KeyError):
+        return []
 
 
 @dataclass(frozen=True)

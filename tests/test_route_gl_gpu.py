@@ -1,9 +1,10 @@
 """The Gluon routing scores (kernels/triton/route_gl.py, PSA_ROUTE_GLUON=1) on an SM90 GPU, against the Triton scores
 kernel they replace: the float32 scores within 1e-5 of each row's spread (the same bfloat16 x3 products, ~1e-5 from
-float64 themselves; only the float32 summation order differs, ~1e-7 of the terms' magnitude over 128 of them), the bias rows within one rounding, forced blocks (band, sinks) at +inf,
-H-bar bit for bit (the same reduction), and route()'s lists equal but where two blocks' scores tie within 3e-5 of the
-row's spread. Partial last tiles, one block, batch 2, pisa and pwt, band 0 with sinks, several score sub-chunks, keys
-offset by a constant, Wan2.1-14B 720p's block count; route() takes it from route_gl.MIN_BLOCKS KV blocks on. Skipped without an SM90 GPU (CI compiles the kernel:
+float64 themselves; only the float32 summation order differs, ~1e-7 of the terms' magnitude over 128 of them), the bias
+rows within one rounding, forced blocks (band, sinks) at +inf, H-bar bit for bit (the same reduction), and route()'s
+lists equal but where two blocks' scores tie within 3e-5 of the row's spread. Partial last tiles, one block, batch 2,
+pisa and pwt, band 0 with sinks, several score sub-chunks, keys offset by a constant, Wan2.1-14B 720p's block count;
+route() takes it from route_gl.MIN_BLOCKS KV blocks on. Skipped without an SM90 GPU (CI compiles the kernel:
 tests/test_triton_compile.py); run on the H200 with `pytest -m gpu tests/test_route_gl_gpu.py`."""
 import math
 
