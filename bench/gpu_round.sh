@@ -1,8 +1,10 @@
 # H200 device calls, one phase per call, run from the repository root with the cutlass-dsl site and ComfyUI's comfy/
 # files carried in one archive (bench/install_cute_site.sh unpacks it):
 #   carry [".carry/cs1"]    command: bash bench/gpu_round.sh PHASE
-# Pending: F on the defaults (every forward GPU test; session 29 removed two switch-gated CuTe builds after its last
-# GPU call, with the shipped builds' sm_90a SASS byte-identical, and no machine could be started after). Session 29
+# Pending, in this order: F on the defaults (every forward GPU test; session 29 removed two switch-gated CuTe builds
+# after its last GPU call, with the shipped builds' sm_90a SASS byte-identical, and no machine could be started after),
+# then U30 (session 30's split-order shared exact pipeline, built without a GPU), then, if U30's rule holds,
+# `PSA_CUTE_PAIR_SHARE=1 bash bench/gpu_round.sh F` before the flip is committed. Session 29
 # ran B39, E39, CH39 (C39 + H39), G39, D39 and L (results and decisions in
 # bench/results/pieces_h200.md; those phases are in git history: `git show d1b661c:bench/gpu_round.sh`). A new build
 # gets a phase here with its prediction and on/off rule written before timing; `decide` logs
@@ -86,6 +88,42 @@ L)  # every piece at 480p, 720p and FLUX.1 with the session-7 defaults, both bac
     timeout ${PIECES_TIMEOUT:-400} python bench/pieces.py --out "$OUT/pieces_l" --morton --flux-node --ditlike \
         --shapes wan14,wan14_720,flux > "$OUT/pieces_l.log" 2>&1
     log "pieces rc=$?"
+    ;;
+U30)  # session 30 (carry .carry/cs1; ~7 min): the pair kernel's shared exact pipeline in split order (PSA_CUTE_PAIR_SHARE,
+    # fwd_pair.py / pair_sched._produce_split: the blocks both lists hold first, then the two lists' own blocks
+    # alternating; 0 or 1 passed tiles before each own one by arithmetic; the shipped virtual loop kept), built and
+    # compiled on the CPU only (sm_90a: 168 registers, no spills, 232,448 bytes of shared memory; the protocol model
+    # tests pass). Steps: its crafted-list tests as a smoke run (the phase stops if they fail or hang), then its other
+    # GPU tests (every share test of test_cute_pair_gpu.py: against the per-list pipelines
+    # within SHARE_TOL and the float64 reference); the exact part alone (novt) and pwt, per list vs shared, with clocks
+    # and power (bench/probes/split_clocks.py), on DiT-like Morton inputs at 480p and on random ones, each in both build
+    # orders; the node's call on random inputs at 480p and 720p (switch_ab.py, 3 rounds, CuTe).
+    # PREDICTION (written before timing): DiT-like novt 5.2-5.3 -> 4.7-5.0 ms (-5 to -11%) at a higher clock, its cycles
+    # within +-5% of the per-list build's (the pacing model, union_pacing_s30_cpu.txt: 111 K vs 114 K at C = 1700);
+    # DiT-like pwt -4 to -9%; random novt 0 to -4% (~12% of tiles shared); the node's random call within +-1%.
+    # RULE: PAIR_SHARE on by default if every share test passes, DiT-like novt and pwt are >= 3% faster in both orders,
+    # random novt is not slower than 1% in either order, and switch_ab's 480p and 720p medians are not slower than 1%;
+    # then F with PSA_CUTE_PAIR_SHARE=1 before the flip is committed. Else it stays off (and the numbers say which part
+    # of the prediction failed).
+    # first the crafted-list smoke tests (session 9's first shared build hung): a failure or hang ends the phase here
+    run_tests share_smoke 150 -x tests/test_cute_pair_gpu.py -k "shared_exact_tiles_crafted"
+    if ! grep -qE "[0-9]+ passed" "$OUT/tests_share_smoke.log" || grep -qE "failed|error" "$OUT/tests_share_smoke.log"
+    then
+        log "U30 stops: the crafted-list smoke tests did not pass (tests_share_smoke.log)"; exit 1
+    fi
+    run_tests share 200 tests/test_cute_pair_gpu.py -k "share and not crafted"
+    for inp in ditlike random; do
+        for builds in "novt,share:novt,pwt,share:pwt" "share:novt,novt,share:pwt,pwt"; do
+            log "split_clocks $inp $builds"
+            PROBE_INPUTS=$inp PROBE_BUILDS=$builds PROBE_SECONDS=3 timeout 120 python bench/probes/split_clocks.py \
+                >> "$OUT/share_clocks_$inp.txt" 2>&1
+            log "split_clocks rc=$? $(grep -c '^32760 ' "$OUT/share_clocks_$inp.txt") rows"
+        done
+    done
+    log "switch_ab PSA_CUTE_PAIR_SHARE"
+    PROBE_BACKENDS=cute PROBE_SHAPES=wan14,wan14_720 timeout $((575 - SECONDS)) python bench/probes/switch_ab.py \
+        PSA_CUTE_PAIR_SHARE > "$OUT/share_ab.txt" 2>&1
+    log "switch_ab rc=$? $(grep RESULT "$OUT/share_ab.txt" | cut -c1-1500)"
     ;;
 F)  # every forward GPU test under the caller's environment: after defaults flip on several phases' rules, once with
     # all of them on together (e.g. `PSA_CUTE_BIAS_SLACK=1 PSA_STATS_GLUON=0 bash bench/gpu_round.sh F` before the

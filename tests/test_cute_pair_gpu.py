@@ -11,7 +11,8 @@ shared-pipeline tests were written after that run. Session 17 (2026-12-03): ever
 H200 but the q_perm test's cache-key check (fixed after that run), the ping-pong tests among them. Session 18: every
 test of this file passed (P18), and the tree-reduction tests (T18). Session 19: every test of this file passed with
 PV_FENCE, PV_FENCE_VT and S_AHEAD on (A19), and with the defaults (PV_FENCE on); the PV_PIN arm and the pinned
-PV_FENCE_VT / S_AHEAD forms were written after that session's last run."""
+PV_FENCE_VT / S_AHEAD forms were written after that session's last run. The shared pipeline's split order (session
+30) and its tolerance (SHARE_TOL) were written without a GPU: bench/gpu_round.sh U30 runs them first."""
 import pytest
 import torch
 
@@ -26,6 +27,10 @@ pytestmark = pytest.mark.gpu
 
 REF_TOL = 3e-3
 SAME_TOL = 1e-5  # pair vs one-block kernel: the same operations per query block
+# shared exact pipeline vs a pipeline per list: the split order (fwd_pair.py) changes the order of each query block's
+# tiles, so the online softmax rounds its bfloat16 P differently (a CPU emulation of 40 random tiles reordered: ~1.8e-3
+# relative L2 apart, each ~1.5e-3 from float64)
+SHARE_TOL = 4e-3
 
 
 def _run(q, k, v, cfg, routing, monkeypatch, pair, stages=None):
@@ -119,8 +124,9 @@ def test_pair_own_routing_and_dit_like(monkeypatch):
 
 def _share_check(q, k, v, cfg, monkeypatch, routing=None):
     """The pair kernel with one exact pipeline over the union of the two lists (PSA_CUTE_PAIR_SHARE) against the
-    same kernel with a pipeline per list: each query block computes the same tiles in the same order, so the
-    outputs are equal; and against the float64 reference under the same routing."""
+    same kernel with a pipeline per list: each query block computes the same tiles (in split order, so up to the
+    rounding order, SHARE_TOL); and against the float64 reference under the same routing, no less accurate than the
+    per-list pipelines."""
     from kernels import reference
     from kernels.routing import block_stats
     if routing is None:
@@ -133,8 +139,10 @@ def _share_check(q, k, v, cfg, monkeypatch, routing=None):
     monkeypatch.setenv("PSA_CUTE_PAIR_SHARE", "1")
     shared = _run(q, k, v, cfg, routing, monkeypatch, True)
     assert torch.isfinite(shared).all()
-    assert rel(shared, own) <= SAME_TOL, f"shared vs own exact pipelines: rel L2 {rel(shared, own):.2e}"
-    assert rel(shared, ref) <= REF_TOL, f"shared exact pipeline vs float64 reference: rel L2 {rel(shared, ref):.2e}"
+    assert rel(shared, own) <= SHARE_TOL, f"shared vs own exact pipelines: rel L2 {rel(shared, own):.2e}"
+    e_sh, e_own = rel(shared, ref), rel(own, ref)
+    assert e_sh <= REF_TOL, f"shared exact pipeline vs float64 reference: rel L2 {e_sh:.2e}"
+    assert e_sh <= 1.25 * e_own + 1e-4, f"shared {e_sh:.2e} vs own {e_own:.2e} from the float64 reference"
 
 
 @pytest.mark.parametrize("variant", ["pwt", "pisa"])
@@ -191,7 +199,7 @@ def test_pair_shared_exact_tiles_crafted_lists(case, variant, monkeypatch):
     _share_check(q, k, v, cfg, monkeypatch, _crafted_routing(case, q, k, v, cfg))
 
 
-@pytest.mark.parametrize("share", ["0", "1"])
+@pytest.mark.parametrize("share", ["0", "1"], ids=["own", "share"])
 def test_pair_on_the_morton_path_as_the_node_calls_it(share, monkeypatch):
     # the node's call (Morton, [B, L, H, D] memory, block-order copies, the output over the q copy and scattered
     # back) with the pair kernel forced on, own and shared exact pipelines: the answer of gathering first and
@@ -212,7 +220,8 @@ def test_pair_on_the_morton_path_as_the_node_calls_it(share, monkeypatch):
     out = psa(q, k, v, density=0.125, variant="pwt", reorder="morton", grid=grid, n_prefix=npre, backend="cute",
               on_failure="raise")
     assert torch.isfinite(out).all()
-    assert rel(out, sep) <= 1e-3  # the pair kernel's reciprocal epilogue: a bf16 unit here and there
+    # the pair kernel's reciprocal epilogue: a bf16 unit here and there; the shared pipeline's split order: SHARE_TOL
+    assert rel(out, sep) <= (1e-3 if share == "0" else SHARE_TOL)
 
 
 @pytest.mark.parametrize("shape", [(1, 2, 1000, 128), (2, 2, 4033, 128)], ids=lambda s: "B{}_H{}_T{}_D{}".format(*s))
@@ -261,7 +270,7 @@ def _node_morton_call(seed, monkeypatch):
                           backend="cute", on_failure="raise")
 
 
-@pytest.mark.parametrize("share", ["0", "1"])
+@pytest.mark.parametrize("share", ["0", "1"], ids=["own", "share"])
 def test_pair_reads_the_query_rows_through_the_permutation(share, monkeypatch):
     # PSA_CUTE_PAIR_Q_PERM (fwd_pair.py q_perm): the node's Morton call with the pair kernel reading the caller's
     # query rows through the permutation and writing the output through it (only k and v copied, no scatter):
@@ -280,7 +289,7 @@ def test_pair_reads_the_query_rows_through_the_permutation(share, monkeypatch):
     assert any(b["vt_stages"] and b["q_perm"] for b in CF.compiled_builds()), CF.compiled_builds()
 
 
-@pytest.mark.parametrize("share", ["0", "1"])
+@pytest.mark.parametrize("share", ["0", "1"], ids=["own", "share"])
 def test_pair_writes_the_output_rows_through_the_permutation(share, monkeypatch):
     # PSA_CUTE_PAIR_OUT_PERM (fwd_pair.py out_perm, session 22): the node's Morton call with q, k and
     # v from their block-order copies and the output rows written through the permutation straight into the

@@ -4,7 +4,8 @@ returns once the barrier's current phase parity differs from P), and TMA loads t
 (bench/results/pieces_h200.md) measured today's protocol spending more joules than the per-list pipelines it should
 beat, and worked out on paper why the cheaper protocols one would try next break. This model checks those claims:
 
-* `today`: one full barrier per slot; both consumers wait for and release every union slot (the kernel as built);
+* `today`: one full barrier per slot; both consumers wait for and release every union slot (the kernel as built), in
+  the kernel's split order (session 30) or the sorted merge it used before;
 * `skip`: the producer arrives on a slot's empty barrier for the consumer that does not need its tile, and each
   consumer waits only for its own tiles: a wait two phases behind returns at once, so a consumer can read a slot
   its tile has not reached (a stale read), or wait for a phase that needs its own release (a deadlock);
@@ -25,7 +26,7 @@ import random
 
 import pytest
 # the crafted list pairs and the random list maker of the position-level model of today's protocol
-from test_pair_share_schedule import CASES, _lists
+from test_pair_share_schedule import CASES, ORDERS, _lists
 
 S = 4  # fwd_pair.KV_STAGES: exact slots per consumer, R = 2 S in the shared ring
 R = 2 * S
@@ -61,10 +62,10 @@ class Stale(AssertionError):
     pass
 
 
-def _union(a, b):
-    """[(block, owner kind)] in ascending block order: kind 0 / 1 (that consumer's list alone) or 2 (both)."""
-    sa, sb = set(a), set(b)
-    return [(j, 2 if (j in sa and j in sb) else (0 if j in sa else 1)) for j in sorted(sa | sb)]
+def _union(a, b, order="merge"):
+    """[(block, owner kind)] in the order ORDERS names (the kernel's "split" since session 30; "merge": ascending
+    block order): kind 0 / 1 (that consumer's list alone) or 2 (both)."""
+    return [(j, 2 if len(o) == 2 else min(o)) for j, o in ORDERS[order](a, b)]
 
 
 def _producer(union, proto, full, empty):
@@ -132,11 +133,11 @@ def _consumer(c, union, proto, full, empty, gap_max):
     yield from pass_(vl + 1, 2 * len(union))  # (today: the other list's last tiles)
 
 
-def simulate(a, b, proto, seed, gap_max=S - 1, lag=0.0):
+def simulate(a, b, proto, seed, gap_max=S - 1, lag=0.0, order="merge"):
     """One random interleaving of the producer, both consumers and the TMA completions (`lag`: the probability that
     consumer 0 sits out a step while anything else can move, to let the others run ahead of it). Returns the positions
     each consumer used; raises Stale on a read of a slot that does not hold its tile, AssertionError on a deadlock."""
-    union = _union(a, b)
+    union = _union(a, b, order)
     full = [[Barrier(1) for _ in range(R)] for _ in range(3)]
     empty = [Barrier(2) for _ in range(R)]
     data = [None] * R
@@ -178,31 +179,35 @@ def simulate(a, b, proto, seed, gap_max=S - 1, lag=0.0):
     return used
 
 
-def _want(a, b):
-    union = _union(a, b)
+def _want(a, b, order="merge"):
+    union = _union(a, b, order)
     return [[p for i, (_, kind) in enumerate(union) if kind in (c, 2) for p in (2 * i, 2 * i + 1)] for c in (0, 1)]
 
 
-@pytest.mark.parametrize("proto", ["today", "kinds"])
+# "today": both consumers wait for and release every union slot (the kernel's protocol), in either union order
+SOUND = [("today", "split"), ("today", "merge"), ("kinds", "merge")]
+
+
+@pytest.mark.parametrize("proto,order", SOUND)
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_sound_protocols_on_crafted_lists(proto, case):
+def test_sound_protocols_on_crafted_lists(proto, order, case):
     a, b = CASES[case]
     for seed in range(40):
         for x, y in ((a, b), (b, a)):
-            used = simulate(x, y, proto, seed)
-            assert [sorted(u) for u in used] == _want(x, y)
+            used = simulate(x, y, proto, seed, order=order)
+            assert [sorted(u) for u in used] == _want(x, y, order)
 
 
-@pytest.mark.parametrize("proto", ["today", "kinds"])
+@pytest.mark.parametrize("proto,order", SOUND)
 @pytest.mark.parametrize("overlap", [0.0, 0.2, 0.6, 1.0])
-def test_sound_protocols_on_random_lists(proto, overlap):
+def test_sound_protocols_on_random_lists(proto, order, overlap):
     rng = random.Random(int(overlap * 100) + (7 if proto == "kinds" else 0))
     for trial in range(60):
         n = rng.choice([16, 64, 512])
         k = rng.randint(1, min(n // 2, 64))
         a, b = _lists(rng, n, k, overlap)
-        used = simulate(a, b, proto, trial)
-        assert [sorted(u) for u in used] == _want(a, b)
+        used = simulate(a, b, proto, trial, order=order)
+        assert [sorted(u) for u in used] == _want(a, b, order)
 
 
 LAGGED = [([0, 12], list(range(1, 12))), ([0, 2 * S + 3, 2 * S + 4], list(range(1, 2 * S + 3))),
@@ -222,13 +227,13 @@ def test_protocols_that_lose_track_of_phases_fail_in_the_model(proto):
     assert failures, f"{proto}: no stale read or deadlock in {200 * len(LAGGED)} runs"
 
 
-@pytest.mark.parametrize("proto", ["today", "kinds"])
-def test_sound_protocols_with_a_lagging_consumer(proto):
+@pytest.mark.parametrize("proto,order", SOUND)
+def test_sound_protocols_with_a_lagging_consumer(proto, order):
     for a, b in LAGGED:
         for seed in range(200):
             for x, y in ((a, b), (b, a)):
-                used = simulate(x, y, proto, seed, lag=0.9)
-                assert [sorted(u) for u in used] == _want(x, y)
+                used = simulate(x, y, proto, seed, lag=0.9, order=order)
+                assert [sorted(u) for u in used] == _want(x, y, order)
 
 
 def test_a_hold_over_past_gap_max_deadlocks_under_kinds_too():

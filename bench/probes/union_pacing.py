@@ -119,6 +119,19 @@ def balanced(a, b):
     return out
 
 
+def shared_first(a, b):
+    """Session 30's order (fwd_pair.py share_order="split"): the blocks both lists hold first (ascending), then one
+    list's own tiles alternating with the other's, the longer list's rest last. Each consumer's gap before an own
+    tile is then 0 or 1 by a closed form (no list walk in the loop)."""
+    sa, sb = set(a), set(b)
+    m = len(sa & sb)
+    ao, bo = [x for x in a if x not in sb], [x for x in b if x not in sa]
+    out = [{0, 1}] * m
+    for i in range(max(len(ao), len(bo))):
+        out += ([{0}] if i < len(ao) else []) + ([{1}] if i < len(bo) else [])
+    return out
+
+
 def lists():
     cfg = SparseConfig(density=0.125, variant="pwt", band=1, n_sink_blocks=0, scale=128 ** -0.5)
     perm, _ = orders_on(GRID, torch.device("cpu"))
@@ -140,12 +153,13 @@ def main():
         res[kind] = {"union_tiles": sum(len(set(a) | set(b)) for a, b in ab) / PAIRS}
         for C in (1100.0, 1400.0, 1700.0, 2000.0):
             kw = dict(tau=res["tau"], lam=res["lam"], C=C, p=res["p"])
-            row = {"per_list": 0.0, "merge": 0.0, "merge_kinds": 0.0, "balanced": 0.0}
+            row = {"per_list": 0.0, "merge": 0.0, "merge_kinds": 0.0, "balanced": 0.0, "shared_first": 0.0}
             for a, b in ab:
                 row["per_list"] += per_list(a, b, **kw)
                 row["merge"] += shared(merged(a, b), **kw)
                 row["merge_kinds"] += shared(merged(a, b), kinds=True, **kw)
                 row["balanced"] += shared(balanced(a, b), **kw)
+                row["shared_first"] += shared(shared_first(a, b), **kw)
             row = {k2: round(v2 / PAIRS) for k2, v2 in row.items()}
             res[kind][f"C{int(C)}"] = row
             print(kind, f"C={int(C)}", json.dumps(row), flush=True)

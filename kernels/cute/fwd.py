@@ -579,7 +579,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
     tree_sum = _env_flag("PSA_CUTE_TREE_SUM", TREE_SUM)
     s_ahead = pair and not share and not pingpong and stages >= 3 and _env_flag("PSA_CUTE_S_AHEAD", S_AHEAD)
     # (not with S_AHEAD: the two loops' registers spill together, tests/test_cute_compile.py)
-    s_ahead_vt = pair and not share and not pingpong and not s_ahead and _env_flag("PSA_CUTE_S_AHEAD_VT", S_AHEAD_VT)
+    s_ahead_vt = pair and not pingpong and not s_ahead and _env_flag("PSA_CUTE_S_AHEAD_VT", S_AHEAD_VT)
     vt_stages = max(vt_stages, 4) if s_ahead_vt else vt_stages  # it holds three shared stages at once
     vt_peel = vt_peel and not s_ahead_vt
     pv_fence = _env_flag("PSA_CUTE_PV_FENCE", PV_FENCE)

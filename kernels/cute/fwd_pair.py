@@ -24,15 +24,18 @@ shared pipeline is full (both lists have the routing budget's length, so their e
 Exact only (drop) and the bias-load experiments stay in fwd.py; the Morton permutation comes as q_perm (the query
 rows read through it into registers, the output written through it) or out_perm (only the output rows; fwd.py).
 
-share=True: warp 0 loads both query tiles, then walks the sorted merge of the two ascending lists, one K and one V
-tile per union block, into slots that all 8 consumer warps release. Each consumer walks the same merge (_gap: how
-many blocks only the other list holds before its next own one) and waits for and releases those tiles unused
-(_pass). Across such a gap it keeps holding its last V tile (its P V still to come, the FlashAttention-3 overlap
-kept) up to gap_max = kv_stages - 1 tiles; past that it finishes that P V first, since the producer would
-otherwise wait for the held slot. A consumer passes over the other list's last tiles right after its boundary step,
-before it can wait on the shared virtual pipeline. tests/test_pair_share_schedule.py runs this protocol as a model
-under random interleavings (no deadlock; a one-tile-longer hold or the tail pass after the virtual tiles deadlocks
-there); each own tile is computed in the same order as with own pipelines, so the outputs are equal.
+share=True (session 30's split order; the sorted merge it replaces measured slower than the per-list pipelines in
+sessions 9, 10 and 25, pieces_h200.md): both lists are copied into shared memory and each entry the other list also
+holds is marked (pair_sched._mark_shared). Warp 0 loads both query tiles, then one K and one V tile per union block
+into slots that all 8 consumer warps release, in split order: the m blocks both lists hold, then the two lists' own
+blocks alternating, the longer list's rest last (_produce_split). Each consumer computes its shared tiles, then its
+own ones, and waits for and releases the tiles it does not use (_pass): before each own tile 0 or 1 of them, by
+arithmetic on m and the two list lengths (_ugap), so the tile loop walks no list. Across such a tile it keeps
+holding its last V tile (its P V still to come, the FlashAttention-3 overlap kept; gap_max = kv_stages - 1 >= 1
+bounds what the protocol allows). A consumer passes over the union's tiles after its last own one right after its
+boundary step, before it can wait on the shared virtual pipeline. tests/test_pair_share_schedule.py and
+tests/test_union_barrier_model.py run this protocol as a model (no deadlock, no stale slot). A consumer's tiles no
+longer ascend, so its output equals the per-list pipelines' up to the online softmax's rounding order.
 
 Measured history (the pair build against fwd.py's, the timing probes' split of the virtual part, builds tried and
 not kept): bench/results/cute_pair_h200.md.
@@ -50,7 +53,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from .fwd import PAIR_SHARE_MAX_SEL, PAIR_VT_STAGES, PiecewiseSparseFwdSm90
-from .pair_sched import PairSchedule
+from .pair_sched import SHARED, PairSchedule
 from .tile_ops import BS, LOG2E
 
 KV_STAGES = 4  # per consumer (fwd.py's best at 2 CTAs per SM; session 22 here: 3 6-9% slower, 5 0-1.5%)
@@ -101,9 +104,10 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
         # one exact-tile pipeline for both consumers, fed with the union of their two lists (a block both lists
         # hold is loaded once; a consumer waits for and releases the tiles of the other list without using them)
         self.share = share
-        # a consumer holds its last V tile while it passes over tiles of the other list; past this many it first
-        # finishes that P V (an exact pipeline of 2 x kv_stages slots then never waits for a slot it holds)
+        # a consumer may hold its last V tile while it passes over this many tiles of the other list (an exact
+        # pipeline of 2 x kv_stages slots then never waits for a slot it holds); the split order passes at most one
         self.gap_max = kv_stages - 1
+        assert not share or kv_stages >= 2, "share passes one tile while holding a V tile"
         # timing probes only (bench/probes/cute_pair.py --split; wrong outputs): "nobias" (virtual tiles without
         # their bias / count loads), "asexact" (virtual tiles through the exact tiles' softmax, no bias),
         # "nohbar" (the first-order GEMM skipped, its tiles still waited for); "nogemm", "nosoftmax", "stream"
@@ -123,7 +127,7 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
         assert not self.s_ahead or kv_stages >= 3, "s_ahead holds three exact stages"
         # the same for the virtual loop (pair_sched._ahead_virtual; fwd.S_AHEAD_VT), in place of the peeled loop; not
         # with s_ahead (232 bytes of spills with both, sm_90a)
-        self.s_ahead_vt = s_ahead_vt and not share and not self.pingpong and not self.s_ahead
+        self.s_ahead_vt = s_ahead_vt and not self.pingpong and not self.s_ahead
         self.vt_peel = self.vt_peel and not self.s_ahead_vt
         assert not self.s_ahead_vt or vt_stages >= 4, "s_ahead_vt holds three shared stages"
         self.threads = 384
@@ -223,28 +227,20 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
 
     @cute.jit
     def _exact_step(self, qk_mma, pv_mma, acc_s, acc_o, tOrP, sQi, tSrK, tOrV, koff, kv_cons, vh, row_max, row_sum,
-                    row_g, scale_log2, alpha, bias, cnt, tScS, is_tail, rem, gap, pp=None):
+                    row_g, scale_log2, alpha, bias, cnt, tScS, is_tail, rem, pp=None):
         """One step of the exact loop (fwd.py's): S of the next K tile and P V of the held V tile (vh) issued
-        together, the softmax while P V runs. share (gap = (sL, c, u, n_valid, n_o, n_kv, g, jo)): the gap before
-        own tile u + 1 is walked while the GEMMs run; returns (g, jo). pp: the ping-pong turn (_turn)."""
+        together, the softmax while P V runs. pp: the ping-pong turn (_turn)."""
         kh = kv_cons.wait_and_advance()
         self._turn(pp)
         self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, koff + kh.index)])
         self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, koff + vh.index)])
         self._handover(pp)
-        g_jo = None
-        if cutlass.const_expr(gap is not None):
-            sL, c, u, n_valid, n_o, n_kv, g, jo = gap
-            if u + 1 < n_valid:  # the next own tile's gap, while the GEMMs run
-                g, jo = self._gap(sL, 1 - c, jo, n_o, n_kv, sL[u + 1, c])
-            g_jo = (g, jo)
         warpgroup.wait_group(1)  # S ready; P V may still run
         kh.release()
         self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, False, is_tail,
                            rem, False)
         self._pv_wait(False, row_sum)
         vh.release()
-        return g_jo
 
     # ------------------------------------------------------------------ device side
     @cute.kernel
@@ -298,6 +294,8 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
             for e in cutlass.range(tidx, 2 * n_sel, self.threads, unroll=1):
                 col = e // n_sel
                 sL[e - col * n_sel, col] = mIdx[i_b, i_h, cutlass.min(2 * i_p + col, n_kv - 1), e - col * n_sel]
+            cute.arch.sync_threads()
+            self._mark_shared(sL, n_sel, tidx)  # the blocks both lists hold, for the split order
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -305,7 +303,7 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
         if wg == 0:
             cute.arch.setmaxregister_decrease(self.regs_producer)
             if cutlass.const_expr(self.share):
-                if warp == 0:  # both query tiles, then the union of the two lists in ascending block order
+                if warp == 0:  # both query tiles, then the union of the two lists in split order
                     tKs, tKg = self._tma_part(tma_k, sK, gKt, BS, self.d)
                     tVs, tVg = self._tma_part(tma_v, sV, gVt, self.d, BS)
                     i_a = cutlass.min(2 * i_p, n_kv - 1)
@@ -319,23 +317,7 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                     kv_prod, _ = kv_pipes[0].make_participants()
                     n_a, _ = self._list_scan(mIdx, i_b, i_h, i_a, n_sel, n_kv, BS)
                     n_o, _ = self._list_scan(mIdx, i_b, i_h, i_o, n_sel, n_kv, BS)
-                    ja = cutlass.Int32(0)
-                    jo = cutlass.Int32(0)
-                    va = self._head(sL, 0, ja, n_a, n_kv)
-                    vo = self._head(sL, 1, jo, n_o, n_kv)
-                    j = cutlass.min(va, vo)
-                    while j < n_kv:
-                        hk = kv_prod.acquire_and_advance()
-                        cute.copy(tma_k, tKg[(None, j, 0, hb)], tKs[(None, hk.index)], tma_bar_ptr=hk.barrier)
-                        hk = kv_prod.acquire_and_advance()
-                        cute.copy(tma_v, tVg[(None, 0, j, hb)], tVs[(None, hk.index)], tma_bar_ptr=hk.barrier)
-                        if va == j:
-                            ja = ja + 1
-                            va = self._head(sL, 0, ja, n_a, n_kv)
-                        if vo == j:
-                            jo = jo + 1
-                            vo = self._head(sL, 1, jo, n_o, n_kv)
-                        j = cutlass.min(va, vo)
+                    self._produce_split(kv_prod, sL, n_a, n_o, tma_k, tKg, tKs, tma_v, tVg, tVs, hb)
             for c in cutlass.range_constexpr(0 if self.share else 2):
                 if warp == c:
                     # query block 2p + c (an odd last block: both warps load the last one)
@@ -443,29 +425,34 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
             vrow = mVB[i_b, i_h, i_q, None]  # this query block's bias row
             if n_vt > 0:  # virtual tile 0's bias, in flight through the exact loop
                 self._bias_fetch(bias_h, vrow, tScS, 0, n_kv)
+            n_end = cutlass.Int32(0)  # share: the union tiles after this consumer's last own one
+            m_sh = cutlass.Int32(0)  # share: the blocks both lists hold
+            n_alt = cutlass.Int32(0)  # share: rounds of the two lists' own blocks alternating
             if cutlass.const_expr(self.share):
-                g = cutlass.Int32(0)  # union tiles of the other list alone before the next own tile
-                jo = cutlass.Int32(0)  # the other list's cursor
                 i_o = cutlass.min(2 * i_p + 1 - c, n_kv - 1)  # the other warpgroup's query block
                 n_o, _ = self._list_scan(mIdx, i_b, i_h, i_o, n_sel, n_kv, BS)
+                m_sh = self._count_shared(sL, c, n_sel)
+                n_alt = cutlass.min(n_valid, n_o) - m_sh
+                if kk_tail >= 0:  # the partial last block: the last shared tile, or the last own one
+                    if sL[kk_tail, c] >= SHARED:
+                        kk_tail = m_sh - 1
+                    else:
+                        kk_tail = n_valid - 1
                 if n_valid == 0:  # every union tile is the other list's
                     kv_cons = self._pass(kv_cons, n_o)
-                    jo = n_o
+                else:
+                    n_end = n_valid + n_o - m_sh - 1 - self._upos(c, n_valid - 1, m_sh, n_alt)
             # fwd.py's software-pipelined loop, split where the tiles change pipelines: exact tiles (own
             # stages), the boundary step (V of the last exact tile, the first k-bar tile), virtual tiles
             # (shared stages), the last P V
             if n_tiles > 0:
                 if n_valid > 0:
                     if cutlass.const_expr(self.share):
-                        g, jo = self._gap(sL, 1 - c, jo, n_o, n_kv, sL[0, c])
-                        kv_cons = self._pass(kv_cons, g)
+                        kv_cons = self._pass(kv_cons, self._ugap(c, 0, m_sh, n_alt))
                     kh0 = kv_cons.wait_and_advance()
                     self._turn(self._pp(c, 0, pp_n))
                     self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, koff + kh0.index)])
                     self._handover(self._pp(c, 0, pp_n))
-                    if cutlass.const_expr(self.share):  # the next own tile's gap, while the S GEMM runs
-                        if 1 < n_valid:
-                            g, jo = self._gap(sL, 1 - c, jo, n_o, n_kv, sL[1, c])
                     warpgroup.wait_group(0)
                     kh0.release()
                 else:
@@ -497,31 +484,15 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                 for u in cutlass.range(1, n_plain, unroll=1):
                     vh = kv_cons.wait_and_advance()
                     if cutlass.const_expr(self.share):
-                        # two whole steps, so that every wgmma group ends inside its branch (ptxas serialises
-                        # every wgmma of the kernel when a path could read an accumulator still in flight)
-                        g_now = g
-                        if g_now > self.gap_max:  # a long gap: this P V first, so that V's slot is free
-                            self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, vh.index)])
-                            warpgroup.wait_group(0)
-                            vh.release()
-                            kv_cons = self._pass(kv_cons, g_now)
-                            kh = kv_cons.wait_and_advance()
-                            self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, kh.index)])
-                            if u + 1 < n_valid:  # the next own tile's gap, while the S GEMM runs
-                                g, jo = self._gap(sL, 1 - c, jo, n_o, n_kv, sL[u + 1, c])
-                            warpgroup.wait_group(0)
-                            kh.release()
-                            self._softmax_tile(acc_s, acc_o, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt,
-                                               tScS, False, kk_tail == u, rem, False)
-                        else:
-                            kv_cons = self._pass(kv_cons, g_now)
-                            g, jo = self._exact_step(qk_mma, pv_mma, acc_s, acc_o, tOrP, sQi, tSrK, tOrV, 0, kv_cons,
-                                                     vh, row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS,
-                                                     kk_tail == u, rem, (sL, c, u, n_valid, n_o, n_kv, g, jo))
+                        # the union tiles before own tile u (0 or 1 by the split order, at most gap_max: the V tile
+                        # of u - 1 stays held across them), then fwd.py's step
+                        kv_cons = self._pass(kv_cons, self._ugap(c, u, m_sh, n_alt))
+                        self._exact_step(qk_mma, pv_mma, acc_s, acc_o, tOrP, sQi, tSrK, tOrV, 0, kv_cons, vh, row_max,
+                                         row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, kk_tail == u, rem)
                     else:
                         self._exact_step(qk_mma, pv_mma, acc_s, acc_o, tOrP, sQi, tSrK, tOrV, koff, kv_cons, vh,
                                          row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, kk_tail == u, rem,
-                                         None, self._pp(c, u, pp_n))
+                                         self._pp(c, u, pp_n))
                     self._rescale_o(acc_o, alpha)
                     self._to_p(acc_s, tOrP)
                 if n_valid > 0:  # (n_vt = 0: the turns after the last exact tile; else those before the virtual ones)
@@ -546,7 +517,7 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                         self._rescale_o(acc_o, alpha)
                         self._to_p(acc_s, tOrP)
                         if cutlass.const_expr(self.share):  # the other list's tiles after this one's last
-                            kv_cons = self._pass(kv_cons, n_o - jo)
+                            kv_cons = self._pass(kv_cons, n_end)
                     vargs = (qk_mma, pv_mma, acc_s, acc_o, tOrP, sQi, tSrKp, tOrVp, row_max, row_sum, row_g,
                              scale_log2, alpha, bias, cnt, bias_h, vrow, tScS, n_vt, n_kv, n_last, rem)
                     if cutlass.const_expr(self.s_ahead_vt):
@@ -578,7 +549,7 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                     warpgroup.wait_group(0)
                     vhl.release()
                     if cutlass.const_expr(self.share):
-                        kv_cons = self._pass(kv_cons, n_o - jo)
+                        kv_cons = self._pass(kv_cons, n_end)
             if n_tiles == 0:  # (no tiles at all: the other list's turns)
                 self._pass_turns(c, 0, pp_v, pp_n)
             if n_vt > 0:

@@ -1,7 +1,10 @@
 """The pair kernel's (fwd_pair.py) scheduling between its two consumer warpgroups, as a mixin of PairFwdSm90:
 
-* share (PSA_CUTE_PAIR_SHARE): both consumers walk the sorted merge of their two routed lists (in shared memory),
-  each waiting for and releasing the tiles only the other list holds (_head, _gap, _pass);
+* share (PSA_CUTE_PAIR_SHARE): one exact pipeline over the union of the two routed lists (in shared memory, the
+  blocks both hold marked at the CTA's start: _mark_shared) in split order (_produce_split): the shared blocks
+  first, then the two lists' own blocks alternating, the longer list's rest last. Each consumer takes its shared
+  tiles, then its own ones, and waits for and releases the tiles it does not use; how many before each own tile
+  (0 or 1) is arithmetic on three counts (_ugap), with no list walk in the tile loop (_pass);
 * pingpong (PSA_CUTE_PINGPONG): the consumers issue their GEMMs in turn on named barriers 3 and 4, FlashAttention-3's
   warpgroup ping-pong (_pp, _turn, _handover, _pass_turns). Both take the same turns: exact tile u at turn u, virtual
   tile t at turn pp_v + t (pp_v, the longer list's length), the shorter list's missing turns passed empty before its
@@ -23,6 +26,10 @@ import cutlass.cute as cute
 from cutlass.cute.nvgpu import warpgroup
 
 from .tile_ops import BS
+
+# share: a routed list entry that the other list of the CTA holds too carries SHARED (block ids stay below it)
+SHARED = 1 << 30
+ID_MASK = SHARED - 1  # (the -1 padding masked: the largest key)
 
 
 class PairSchedule:
@@ -63,27 +70,99 @@ class PairSchedule:
                 cute.arch.barrier_arrive(barrier_id=4 - c, number_of_threads=256)
 
     @cute.jit
-    def _head(self, sL, col, j, n, n_kv):
-        """Entry j of list col (0: query block 2p, 1: 2p + 1; in shared memory) of n routed blocks; n_kv (after
-        every block) past its end."""
-        v = sL[cutlass.max(cutlass.min(j, n - 1), 0), col]
-        if j >= n:
-            v = n_kv
-        return v
+    def _mark_shared(self, sL, n_sel, tidx):
+        """share, at the CTA's start (every thread, both lists already in sL): SHARED added to each entry that the
+        other list holds too, found by a binary search of the other list (ascending, its -1 padding read as the
+        largest key, another entry's SHARED masked off). Each thread writes only its own entries."""
+        for e in cutlass.range(tidx, 2 * n_sel, self.threads, unroll=1):
+            col = e // n_sel
+            i = e - col * n_sel
+            x = sL[i, col]
+            if x >= 0:
+                lo = cutlass.Int32(0)
+                hi = cutlass.Int32(n_sel)
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if (sL[mid, 1 - col] & ID_MASK) < x:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                if lo < n_sel:
+                    if (sL[lo, 1 - col] & ID_MASK) == x:
+                        sL[i, col] = x + SHARED
 
     @cute.jit
-    def _gap(self, sL, co, jo, n_o, n_kv, a):
-        """share: (g, jo') = the union tiles before block a that only the other list (column co, n_o entries,
-        cursor jo) holds, and that list's cursor past a (both lists ascend, so the union is their sorted merge)."""
+    def _count_shared(self, sL, col, n_sel):
+        """share: how many entries of list col both lists hold (each warp counts by ballot, 32 entries a load)."""
+        lane = cute.arch.lane_idx()
+        m = cutlass.Int32(0)
+        for j in cutlass.range(0, n_sel, 32, unroll=1):
+            v = cutlass.Int32(-1)
+            if j + lane < n_sel:
+                v = sL[j + lane, col]
+            m = m + cute.arch.popc(cute.arch.vote_ballot_sync(v >= SHARED))
+        return m
+
+    @cute.jit
+    def _ugap(self, c, u, m, n_alt):
+        """share: union tiles that consumer c passes before its own tile u (0 or 1). The union order (_produce_split):
+        the m blocks both lists hold, then the two lists' own blocks alternating (list 0 first) for n_alt rounds, then
+        the longer list's rest; a consumer takes its shared tiles, then its own ones, each in ascending order."""
+        r = u - m
         g = cutlass.Int32(0)
-        vo = self._head(sL, co, jo, n_o, n_kv)
-        while vo < a:
-            g = g + 1
-            jo = jo + 1
-            vo = self._head(sL, co, jo, n_o, n_kv)
-        if vo == a:
-            jo = jo + 1
-        return g, jo
+        if r >= 1 - c:
+            if r <= n_alt - c:
+                g = cutlass.Int32(1)
+        return g
+
+    @cute.jit
+    def _upos(self, c, u, m, n_alt):
+        """share: the union position of consumer c's own tile u (the order of _ugap)."""
+        p = u
+        if u >= m:
+            r = u - m
+            p = m + n_alt + r
+            if r < n_alt:
+                p = m + 2 * r + c
+        return p
+
+    @cute.jit
+    def _produce_split(self, kv_prod, sL, n_a, n_o, tma_k, tKg, tKs, tma_v, tVg, tVs, hb):
+        """share, warp 0: one K and one V tile per union block into the shared exact pipeline, in the order of
+        _ugap: the blocks both lists hold (list 0's SHARED entries, ascending), then list 0's and list 1's own ones
+        alternating, the longer list's rest last (each list's cursor skips its SHARED entries)."""
+        m = cutlass.Int32(0)
+        for i in cutlass.range(n_a, unroll=1):
+            x = sL[i, 0]
+            if x >= SHARED:
+                m = m + 1
+                kv_prod = self._load_kv(kv_prod, x - SHARED, tma_k, tKg, tKs, tma_v, tVg, tVs, hb)
+        ja = cutlass.Int32(0)
+        jb = cutlass.Int32(0)
+        for t in cutlass.range(cutlass.max(n_a, n_o) - m, unroll=1):
+            if t < n_a - m:
+                x = sL[ja, 0]
+                while x >= SHARED:
+                    ja = ja + 1
+                    x = sL[ja, 0]
+                kv_prod = self._load_kv(kv_prod, x, tma_k, tKg, tKs, tma_v, tVg, tVs, hb)
+                ja = ja + 1
+            if t < n_o - m:
+                x = sL[jb, 1]
+                while x >= SHARED:
+                    jb = jb + 1
+                    x = sL[jb, 1]
+                kv_prod = self._load_kv(kv_prod, x, tma_k, tKg, tKs, tma_v, tVg, tVs, hb)
+                jb = jb + 1
+
+    @cute.jit
+    def _load_kv(self, kv_prod, j, tma_k, tKg, tKs, tma_v, tVg, tVs, hb):
+        """K then V of block j into the next two slots of the shared exact pipeline; returns the advanced producer."""
+        hk = kv_prod.acquire_and_advance()
+        cute.copy(tma_k, tKg[(None, j, 0, hb)], tKs[(None, hk.index)], tma_bar_ptr=hk.barrier)
+        hk = kv_prod.acquire_and_advance()
+        cute.copy(tma_v, tVg[(None, 0, j, hb)], tVs[(None, hk.index)], tma_bar_ptr=hk.barrier)
+        return kv_prod
 
     @cute.jit
     def _pass(self, kv_cons, g):

@@ -68,7 +68,13 @@ PAIR_SHARE_MAX_SEL = 256  # both lists in its shared memory (2 KiB); longer ones
 # ring in union order for both consumers is the suspect left). Session 28's CPU model of that ring (bench/probes/
 # union_pacing.py, pieces_h200.md) puts the sorted merge's pacing at 9-12% of the per-list cycles, a third of the
 # measured loss at most: the shared consumers' per-tile cost is the larger part; an order alternating the two lists'
-# own tiles would remove the pacing share
+# own tiles would remove the pacing share.
+# Session 30 (CPU only; not yet run on a GPU): the shared pipeline's order is now the split order (fwd_pair.py,
+# pair_sched._produce_split): the blocks both lists hold first, then the two lists' own blocks alternating, so a
+# consumer passes 0 or 1 tiles before each own one by arithmetic (no list walk in the tile loop, no long-gap path),
+# and it keeps the shipped virtual loop (S_AHEAD_VT: 232,448 bytes of shared memory, the 227 KiB limit). The pacing
+# model (bench/results/union_pacing_s30_cpu.txt) puts it level with the per-list pipelines' cycles (DiT-like 111 K vs
+# 114 K at C = 1700) on ~30% fewer tile loads. Off until bench/gpu_round.sh U30 times it
 # the pair build on the Morton path reading the caller's query rows through the permutation and writing the output
 # through it (fwd_pair.py q_perm: no q copy, no scatter, q's copy no longer in the peak). PSA_CUTE_PAIR_Q_PERM=1/0
 # overrides. Session 10 (cute_pair_q_perm4_s10_h200.txt, as the node calls it, 4 rounds, medians): correct (max
