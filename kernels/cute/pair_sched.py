@@ -141,19 +141,23 @@ class PairSchedule:
         jb = cutlass.Int32(0)
         for t in cutlass.range(cutlass.max(n_a, n_o) - m, unroll=1):
             if t < n_a - m:
-                x = sL[ja, 0]
-                while x >= SHARED:
-                    ja = ja + 1
-                    x = sL[ja, 0]
+                x, ja = self._next_own(sL, 0, ja)
                 kv_prod = self._load_kv(kv_prod, x, tma_k, tKg, tKs, tma_v, tVg, tVs, hb)
                 ja = ja + 1
             if t < n_o - m:
-                x = sL[jb, 1]
-                while x >= SHARED:
-                    jb = jb + 1
-                    x = sL[jb, 1]
+                x, jb = self._next_own(sL, 1, jb)
                 kv_prod = self._load_kv(kv_prod, x, tma_k, tKg, tKs, tma_v, tVg, tVs, hb)
                 jb = jb + 1
+
+    @cute.jit
+    def _next_own(self, sL, col, j):
+        """share: (block, position) of list col's first entry at or after position j that the other list does not
+        hold (the caller knows one is left)."""
+        x = sL[j, col]
+        while x >= SHARED:
+            j = j + 1
+            x = sL[j, col]
+        return x, j
 
     @cute.jit
     def _load_kv(self, kv_prod, j, tma_k, tKg, tKs, tma_v, tVg, tVs, hb):
