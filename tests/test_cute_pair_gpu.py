@@ -3,7 +3,7 @@ one-block kernel (fwd.py) under identical routing (same per-tile arithmetic, so 
 rounding), against the float64 reference, on an odd number of query blocks (the last CTA's second warpgroup
 computes a block it does not store), routing lists of unequal length (band 0 / sinks, -1 padding), no virtual
 tiles (budget >= N), the reciprocal epilogue (PSA_CUTE_RECIP_STORE), one exact pipeline over the union of the two
-lists (PSA_CUTE_PAIR_SHARE; crafted lists with gaps below, at and above its hold-over limit) and the node's Morton
+lists (PSA_CUTE_PAIR_SHARE; crafted lists: disjoint, identical, one empty, unequal lengths) and the node's Morton
 call; the peeled virtual loop (PSA_CUTE_VT_PEEL) and the ping-pong consumers (PSA_CUTE_PINGPONG) against the plain
 build. Skipped (one line) without CUDA, an SM90 GPU or nvidia-cutlass-dsl. On the H200 (2026-12-01): 19 tests passed
 in session 7 (bench/results/gpu_tests_s7_h200.log) and the reciprocal-epilogue and Morton tests in session 8; the
@@ -162,8 +162,9 @@ def test_pair_shared_exact_tiles_dit_like_band_zero_sinks_density_one(monkeypatc
     _share_check(q, k, v, cfg_of(128, 1.0, "pwt"), monkeypatch)  # no virtual tiles, identical full lists
 
 
-# crafted lists for the 16 query blocks of T 1000 (query block i: even / odd), with gaps below, at and above the
-# kernel's limit (gap_max = kv_stages - 1 = 3 tiles of the other list alone, held over; more: the P V first)
+# crafted lists for the 16 query blocks of T 1000 (query block i: even / odd): disjoint, identical, one empty, unequal
+# lengths, the partial last block 15 shared or not (written for the sorted merge's gaps below, at and above its
+# hold-over limit; the split order passes 0 or 1 tiles at a time, and these cover its counts' corner cases)
 CRAFTED = {
     "disjoint": (lambda i: range(0, 6), lambda i: range(10, 16)),
     "identical": (lambda i: (0, 3, 7, 15), lambda i: (0, 3, 7, 15)),
