@@ -4,7 +4,7 @@
 # Pending, in this order: F on the defaults (every forward GPU test; session 29 removed two switch-gated CuTe builds
 # after its last GPU call, with the shipped builds' sm_90a SASS byte-identical, and no machine could be started after),
 # then U30 (session 30's split-order shared exact pipeline, built without a GPU), then, if U30's rule holds,
-# `PSA_CUTE_PAIR_SHARE=1 bash bench/gpu_round.sh F` before the flip is committed. Session 29
+# `PSA_CUTE_PAIR_SHARE=1 bash bench/gpu_round.sh F` before the flip is committed; Q30 with any time left. Session 29
 # ran B39, E39, CH39 (C39 + H39), G39, D39 and L (results and decisions in
 # bench/results/pieces_h200.md; those phases are in git history: `git show d1b661c:bench/gpu_round.sh`). A new build
 # gets a phase here with its prediction and on/off rule written before timing; `decide` logs
@@ -124,6 +124,17 @@ U30)  # session 30 (carry .carry/cs1; ~7 min): the pair kernel's shared exact pi
     PROBE_BACKENDS=cute PROBE_SHAPES=wan14,wan14_720 timeout $((575 - SECONDS)) python bench/probes/switch_ab.py \
         PSA_CUTE_PAIR_SHARE > "$OUT/share_ab.txt" 2>&1
     log "switch_ab rc=$? $(grep RESULT "$OUT/share_ab.txt" | cut -c1-1500)"
+    ;;
+Q30)  # session 30 (carry .carry/cs1; ~3 min), for time left after U30: PSA_CUTE_PAIR_Q_PERM again (the pair kernel
+    # reads the caller's query rows through the Morton permutation: no q copy in the node's call). Session 10 measured
+    # it +3% at 480p and -0.3% at 720p, peak 1.79x -> 1.29x q; the statistics, the output path and the pair kernel
+    # have all changed since. PREDICTION: 480p +1 to +3%, 720p within +-1%, peak 1.74x -> ~1.25x q at 480p.
+    # RULE: on by default if its tests pass and the node's call is not slower than 1% at 480p and 720p (medians of
+    # 3 rounds); then F with it on before the flip is committed.
+    run_tests q_perm 150 tests/test_cute_pair_gpu.py -k "query_rows_through_the_permutation or morton_path"
+    PROBE_BACKENDS=cute PROBE_SHAPES=wan14,wan14_720 timeout $((575 - SECONDS)) python bench/probes/switch_ab.py \
+        PSA_CUTE_PAIR_Q_PERM > "$OUT/q_perm_ab.txt" 2>&1
+    log "switch_ab rc=$? $(grep RESULT "$OUT/q_perm_ab.txt" | cut -c1-1500)"
     ;;
 F)  # every forward GPU test under the caller's environment: after defaults flip on several phases' rules, once with
     # all of them on together (e.g. `PSA_CUTE_BIAS_SLACK=1 PSA_STATS_GLUON=0 bash bench/gpu_round.sh F` before the
