@@ -4,7 +4,8 @@
 # Pending, in this order: F on the defaults (every forward GPU test; session 29 removed two switch-gated CuTe builds
 # after its last GPU call, with the shipped builds' sm_90a SASS byte-identical, and no machine could be started after),
 # then U30 (session 30's split-order shared exact pipeline, built without a GPU), then, if U30's rule holds,
-# `PSA_CUTE_PAIR_SHARE=1 bash bench/gpu_round.sh F` before the flip is committed; Q30 with any time left. Session 29
+# `PSA_CUTE_PAIR_SHARE=1 bash bench/gpu_round.sh F` before the flip is committed; Q30 and M30 with any time left.
+# Session 29
 # ran B39, E39, CH39 (C39 + H39), G39, D39 and L (results and decisions in
 # bench/results/pieces_h200.md; those phases are in git history: `git show d1b661c:bench/gpu_round.sh`). A new build
 # gets a phase here with its prediction and on/off rule written before timing; `decide` logs
@@ -135,6 +136,15 @@ Q30)  # session 30 (carry .carry/cs1; ~3 min), for time left after U30: PSA_CUTE
     PROBE_BACKENDS=cute PROBE_SHAPES=wan14,wan14_720 timeout $((575 - SECONDS)) python bench/probes/switch_ab.py \
         PSA_CUTE_PAIR_Q_PERM > "$OUT/q_perm_ab.txt" 2>&1
     log "switch_ab rc=$? $(grep RESULT "$OUT/q_perm_ab.txt" | cut -c1-1500)"
+    ;;
+M30)  # session 30 (~1.5 min; no carry needed), for time left: what bounds the exact part's tile stream, the L2 or one
+    # SM's intake (bench/probes/l2_ingress.py: persistent TMA streams of 16 KiB tiles on 16 to 264 programs, from an
+    # L2-resident and an HBM buffer, with clocks and power). It decides whether a four-query-block build with TMA
+    # multicast could help random inputs (pieces_h200.md, Session 30). PREDICTION (a guess, to be read against):
+    # bytes per clock per program near 36 at P = 132 and above 50 at P = 16-33 from L2 (the L2 bounds the stream).
+    log "l2_ingress"
+    timeout 240 python bench/probes/l2_ingress.py > "$OUT/l2_ingress.txt" 2>&1
+    log "l2_ingress rc=$? $(grep RESULT "$OUT/l2_ingress.txt" | cut -c1-1500)"
     ;;
 F)  # every forward GPU test under the caller's environment: after defaults flip on several phases' rules, once with
     # all of them on together (e.g. `PSA_CUTE_BIAS_SLACK=1 PSA_STATS_GLUON=0 bash bench/gpu_round.sh F` before the

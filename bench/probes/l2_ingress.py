@@ -1,0 +1,121 @@
+"""H200 probe (session 30, for the next device time): what bounds the exact part's tile stream, the L2 or what one SM
+can take in? Session 25 ran the pair kernel's K / V tiles alone (no GEMMs, no softmax) at 42.9 GB in 4.54 ms uncapped,
+~36 bytes per SM clock per SM. A build that shares tiles between four query blocks (two pair CTAs in a cluster, TMA
+multicast: bench/results/pieces_h200.md, Session 30) halves the L2 reads but delivers every tile of the four lists'
+union to both SMs, 1.48x the tiles per SM of today's pipelines on random inputs (0.92x DiT-like). Whether that can pay
+depends on which of the two is the limit, which this measures.
+
+Kernel: P persistent Triton programs (P in PROBE_PROGRAMS, default 16,33,66,132,264), 4 warps each, each loading
+PROBE_ITERS [64, 128] bfloat16 tiles (16 KiB, the pair kernel's K or V tile) through a TMA descriptor, pipelined
+PROBE_STAGES deep, from a buffer of PROBE_BUFFER_MB (default 16: one head's K and V at Wan2.1-14B 480p, L2-resident;
+then 2048: from HBM) in a scattered order, adding each tile into a float32 register tile and storing one value per
+program (nothing optimised away). Per (buffer, P): time (CUDA events, median of 5), TB/s, bytes per SM clock per
+program, the median SM clock and power (nvidia-smi, bench/probes/clocks.py's sampler) over PROBE_SECONDS of repeats.
+
+Reading (written before the run): if bytes per clock per program at P = 132 (one per SM) sit near the pair kernel's
+~36 and rise well above them at P = 16-33, the L2 (or the fabric all SMs share) bounds the stream, so halving the
+reads by multicast would help groups of four on random inputs too; if they stay near 36 at every P, one SM's intake
+bounds it, and multicast (every tile into both SMs) cannot help random inputs. Prints one line `RESULT {...}`.
+
+    python bench/probes/l2_ingress.py
+    TRITON_INTERPRET=1 PROBE_SMOKE=1 python bench/probes/l2_ingress.py     (CPU: the kernel's sums checked, no timing)
+"""
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # older Triton
+    TensorDescriptor = None
+
+SMOKE = os.environ.get("PROBE_SMOKE", "0") == "1"
+PROGRAMS = [int(p) for p in os.environ.get("PROBE_PROGRAMS", "16,33,66,132,264").split(",")]
+ITERS = int(os.environ.get("PROBE_ITERS", "4096"))
+STAGES = int(os.environ.get("PROBE_STAGES", "4"))
+BUFFERS_MB = [int(b) for b in os.environ.get("PROBE_BUFFER_MB", "16,2048").split(",")]
+SECONDS = float(os.environ.get("PROBE_SECONDS", "2"))
+BM, BD = 64, 128  # one K or V tile of the pair kernel
+
+
+@triton.jit
+def _stream_kernel(desc, OUT, n_tiles, iters, BM: tl.constexpr, BD: tl.constexpr, STAGES: tl.constexpr):
+    pid = tl.program_id(0)
+    acc = tl.zeros([BM, BD], dtype=tl.float32)
+    for i in tl.range(0, iters, num_stages=STAGES):
+        t = (pid * 7919 + i * 131) % n_tiles  # scattered, every program its own walk
+        acc += desc.load([t * BM, 0]).to(tl.float32)
+    tl.store(OUT + pid, tl.sum(tl.sum(acc, axis=1), axis=0))
+
+
+def run(buf, programs, iters):
+    out = torch.empty(programs, device=buf.device, dtype=torch.float32)
+    desc = TensorDescriptor(buf, list(buf.shape), list(buf.stride()), [BM, BD])
+    _stream_kernel[(programs,)](desc, out, buf.shape[0] // BM, iters, BM=BM, BD=BD, STAGES=STAGES, num_warps=4)
+    return out
+
+
+def smoke():
+    """CPU (interpreter): each program's sum equals the sum of the tiles its walk reads."""
+    buf = torch.randn(8 * BM, BD).to(torch.bfloat16)
+    out = run(buf, 3, 5)
+    n = buf.shape[0] // BM
+    for p in range(3):
+        want = sum(buf[((p * 7919 + i * 131) % n) * BM:][:BM].float().sum() for i in range(5))
+        assert abs(float(out[p]) - float(want)) <= 1e-2 * (1 + abs(float(want))), (p, float(out[p]), float(want))
+    print("RESULT " + json.dumps({"smoke": "ok", "programs": 3, "iters": 5}))
+
+
+def main():
+    from clocks import sampler, samples
+    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "sms": torch.cuda.get_device_properties(0).multi_processor_count, "tile_bytes": BM * BD * 2,
+           "iters": ITERS, "stages": STAGES}
+    path = tempfile.NamedTemporaryFile(suffix=".csv", delete=False).name
+    proc = sampler(path)
+    for mb in BUFFERS_MB:
+        rows = (mb * 2**20) // (BD * 2) // BM * BM
+        buf = torch.randn(rows, BD, device="cuda").to(torch.bfloat16)
+        for p in PROGRAMS:
+            run(buf, p, 8)  # compile
+            torch.cuda.synchronize()
+            ms = []
+            t0 = time.time()
+            while time.time() - t0 < SECONDS or len(ms) < 5:
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                run(buf, p, ITERS)
+                e1.record()
+                torch.cuda.synchronize()
+                ms.append(e0.elapsed_time(e1))
+            t1 = time.time()
+            med = statistics.median(ms)
+            nbytes = p * ITERS * BM * BD * 2
+            d = {"ms_median": round(med, 4), "tb_per_s": round(nbytes / med / 1e9, 3)}
+            got = samples(path, t0 + 0.3, t1) if proc is not None else []
+            if got:
+                clk = statistics.median(r[0] for r in got)
+                d.update(sm_clock_mhz=clk, power_w=statistics.median(r[1] for r in got),
+                         bytes_per_clock_per_program=round(nbytes / (med * 1e-3) / (clk * 1e6) / p, 2))
+            res[f"{mb}MB_P{p}"] = d
+            print(mb, p, json.dumps(d), flush=True)
+        del buf
+        torch.cuda.empty_cache()
+    if proc is not None:
+        proc.terminate()
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+if __name__ == "__main__":
+    if TensorDescriptor is None:
+        sys.exit("this Triton has no triton.tools.tensor_descriptor")
+    smoke() if SMOKE else main()
