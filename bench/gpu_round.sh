@@ -90,7 +90,7 @@ L)  # every piece at 480p, 720p and FLUX.1 with the session-7 defaults, both bac
         --shapes wan14,wan14_720,flux > "$OUT/pieces_l.log" 2>&1
     log "pieces rc=$?"
     ;;
-U30)  # session 30 (carry .carry/cs1; ~7 min): the pair kernel's shared exact pipeline in split order (PSA_CUTE_PAIR_SHARE,
+U30)  # session 30 (carry .carry/cs1; ~8-9 min): the pair kernel's shared exact pipeline in split order (PSA_CUTE_PAIR_SHARE,
     # fwd_pair.py / pair_sched._produce_split: the blocks both lists hold first, then the two lists' own blocks
     # alternating; 0 or 1 passed tiles before each own one by arithmetic; the shipped virtual loop kept), built and
     # compiled on the CPU only (sm_90a: 168 registers, no spills, 232,448 bytes of shared memory; the protocol model
@@ -113,13 +113,11 @@ U30)  # session 30 (carry .carry/cs1; ~7 min): the pair kernel's shared exact pi
         log "U30 stops: the crafted-list smoke tests did not pass (tests_share_smoke.log)"; exit 1
     fi
     run_tests share 200 tests/test_cute_pair_gpu.py -k "share and not crafted"
-    for inp in ditlike random; do
-        for builds in "novt,share:novt,pwt,share:pwt" "share:novt,novt,share:pwt,pwt"; do
-            log "split_clocks $inp $builds"
-            PROBE_INPUTS=$inp PROBE_BUILDS=$builds PROBE_SECONDS=3 timeout 120 python bench/probes/split_clocks.py \
-                >> "$OUT/share_clocks_$inp.txt" 2>&1
-            log "split_clocks rc=$? $(grep -c '^32760 ' "$OUT/share_clocks_$inp.txt") rows"
-        done
+    for inp in ditlike random; do  # both orders in one process (one compile of each build): "build#2" is the second
+        log "split_clocks $inp"
+        PROBE_INPUTS=$inp PROBE_BUILDS="novt,share:novt,pwt,share:pwt,share:novt,novt,share:pwt,pwt" PROBE_SECONDS=2 \
+            timeout 150 python bench/probes/split_clocks.py > "$OUT/share_clocks_$inp.txt" 2>&1
+        log "split_clocks rc=$? $(grep -c '^32760 ' "$OUT/share_clocks_$inp.txt") rows"
     done
     log "switch_ab PSA_CUTE_PAIR_SHARE"
     PROBE_BACKENDS=cute PROBE_SHAPES=wan14,wan14_720 timeout $((575 - SECONDS)) python bench/probes/switch_ab.py \
