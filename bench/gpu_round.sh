@@ -103,7 +103,7 @@ U30)  # session 30 (carry .carry/cs1; ~8-9 min): the pair kernel's shared exact 
     # within +-5% of the per-list build's (the pacing model, union_pacing_s30_cpu.txt: 111 K vs 114 K at C = 1700);
     # DiT-like pwt -4 to -9%; random novt 0 to -4% (~12% of tiles shared); the node's random call within +-1%.
     # RULE: PAIR_SHARE on by default if every share test passes, DiT-like novt and pwt are >= 3% faster in both orders,
-    # random novt is not slower than 1% in either order, and switch_ab's 480p and 720p medians are not slower than 1%;
+    # random novt and pwt are not slower than 1% in either order, and switch_ab's 480p and 720p medians are not slower than 1%;
     # then F with PSA_CUTE_PAIR_SHARE=1 before the flip is committed. Else it stays off (and the numbers say which part
     # of the prediction failed).
     # first the crafted-list smoke tests (session 9's first shared build hung): a failure or hang ends the phase here
@@ -122,7 +122,11 @@ U30)  # session 30 (carry .carry/cs1; ~8-9 min): the pair kernel's shared exact 
     log "switch_ab PSA_CUTE_PAIR_SHARE"
     PROBE_BACKENDS=cute PROBE_SHAPES=wan14,wan14_720 timeout $((575 - SECONDS)) python bench/probes/switch_ab.py \
         PSA_CUTE_PAIR_SHARE > "$OUT/share_ab.txt" 2>&1
-    log "switch_ab rc=$? $(grep RESULT "$OUT/share_ab.txt" | cut -c1-1500)"
+    log "switch_ab rc=$?"
+    # the rule in three parts (all three must say on): DiT-like, random, the node's call with the tests
+    decide PSA_CUTE_PAIR_SHARE "$OUT/share_clocks_ditlike.txt" --clocks 0.97
+    decide PSA_CUTE_PAIR_SHARE "$OUT/share_clocks_random.txt" --clocks 1.01
+    decide PSA_CUTE_PAIR_SHARE "$OUT/share_ab.txt" --rows _cute --max-ratio 1.01 --tests "$OUT/tests_share.log"
     ;;
 Q30)  # session 30 (carry .carry/cs1; ~3 min), for time left after U30: PSA_CUTE_PAIR_Q_PERM again (the pair kernel
     # reads the caller's query rows through the Morton permutation: no q copy in the node's call). Session 10 measured
@@ -133,7 +137,8 @@ Q30)  # session 30 (carry .carry/cs1; ~3 min), for time left after U30: PSA_CUTE
     run_tests q_perm 150 tests/test_cute_pair_gpu.py -k "query_rows_through_the_permutation or morton_path"
     PROBE_BACKENDS=cute PROBE_SHAPES=wan14,wan14_720 timeout $((575 - SECONDS)) python bench/probes/switch_ab.py \
         PSA_CUTE_PAIR_Q_PERM > "$OUT/q_perm_ab.txt" 2>&1
-    log "switch_ab rc=$? $(grep RESULT "$OUT/q_perm_ab.txt" | cut -c1-1500)"
+    log "switch_ab rc=$?"
+    decide PSA_CUTE_PAIR_Q_PERM "$OUT/q_perm_ab.txt" --rows _cute --max-ratio 1.01 --tests "$OUT/tests_q_perm.log"
     ;;
 M30)  # session 30 (~1.5 min; no carry needed), for time left: what bounds the exact part's tile stream, the L2 or one
     # SM's intake (bench/probes/l2_ingress.py: persistent TMA streams of 16 KiB tiles on 16 to 264 programs, from an

@@ -73,3 +73,30 @@ def test_the_pytest_log_counts_only_its_switchs_failures(tmp_path, capsys):
     log.write_text("....\n")  # cut by its timeout: no summary
     rc.main(["PSA_CUTE_LAZY_RESCALE", out, "--tests", str(log), "--tests-k", "lazy"])
     assert "off: tests: no pytest summary" in capsys.readouterr().out
+
+
+def _clocks(tmp_path, times):
+    """A bench/probes/split_clocks.py output: {build: ms} at T 32760, clocks 1650 MHz."""
+    rows = {b: {"iterations": 50, "ms_median": ms, "sm_clock_mhz_median": 1650.0} for b, ms in times.items()}
+    p = tmp_path / "clocks.txt"
+    p.write_text("32760 novt {}\n" + "RESULT " + json.dumps({"inputs": "ditlike-morton", "32760": rows}) + "\n")
+    return str(p)
+
+
+@pytest.mark.parametrize("share_pwt2, decision", [(5.70, "on"), (5.95, "off")])
+def test_split_clocks_rows_decide_the_shared_pipeline(tmp_path, capsys, share_pwt2, decision):
+    # U30's rule on split_clocks.py's output: every share: build >= 3% faster than its twin, in both rounds ("#2")
+    out = _clocks(tmp_path, {"novt": 5.2, "share:novt": 4.9, "pwt": 6.0, "share:pwt": 5.7,
+                             "share:novt#2": 4.95, "novt#2": 5.25, "share:pwt#2": share_pwt2, "pwt#2": 6.0})
+    rc.main(["PSA_CUTE_PAIR_SHARE", out, "--clocks", "0.97"])
+    text = capsys.readouterr().out
+    assert f"DECISION PSA_CUTE_PAIR_SHARE {decision}" in text
+    assert "T 32760 novt: 5.2000 -> 4.9000 ms (-5.8%), 1650 -> 1650 MHz, 8.58 -> 8.09 M cycles" in text
+    assert sum(line.startswith("T 32760 ") for line in text.splitlines()) == 4
+    if decision == "off":
+        assert "T 32760 pwt#2: -0.8% (> -3.0%)" in text
+
+
+def test_split_clocks_without_twins_is_off(tmp_path, capsys):
+    rc.main(["PSA_CUTE_PAIR_SHARE", _clocks(tmp_path, {"novt": 5.2, "pwt": 6.0}), "--clocks", "1.01"])
+    assert "DECISION PSA_CUTE_PAIR_SHARE off: no build with a 'share:' twin" in capsys.readouterr().out

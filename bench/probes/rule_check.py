@@ -4,10 +4,11 @@ alone) or bench/probes/switch_ab.py (the node's call), and to the switch's pytes
 the decision with its reasons. Prints one line per row it read, then `DECISION NAME on|off: reasons`.
 
     python bench/probes/rule_check.py NAME PROBE_OUTPUT [--tests LOG [--tests-k SUBSTR]] [--rows SUBSTR]
-        [--faster-rounds N] [--bitwise] [--novt-not-slower] [--max-ratio R] [--peak-below X]
+        [--faster-rounds N] [--bitwise] [--novt-not-slower] [--max-ratio R] [--peak-below X] [--clocks R]
 
 --tests-k: only the failures whose test id holds SUBSTR count against NAME (one log for several switches' tests);
 --rows: the rows whose key holds SUBSTR (default NAME: a vt_peel_kernel.py output may time several switches);
+--clocks R: the output is bench/probes/split_clocks.py's; every "share:" build's median <= R x its twin's (both rounds);
 --faster-rounds N: switched on, faster in >= N rounds of every row; --bitwise: the two outputs equal (maxdiff 0);
 --novt-not-slower: the build without virtual tiles (the exact part) not slower switched on (median); --max-ratio R:
 median on / median off <= R in every row (the graph replay's medians where a row has them); --peak-below X: the
@@ -94,6 +95,29 @@ def check(res: dict, rows: str, *, faster_rounds: int | None = None, bitwise: bo
     return lines, fails
 
 
+def clocks_check(res: dict, max_ratio: float, prefix: str = "share:") -> tuple[list[str], list[str]]:
+    """bench/probes/split_clocks.py's RESULT: every build B with a `prefix`B twin (and their second rounds, "#2"), the
+    twin's median over B's must be <= max_ratio (e.g. 0.97: >= 3% faster; 1.01: not slower than 1%)."""
+    lines, fails = [], []
+    for t, rows in res.items():
+        if not isinstance(rows, dict) or not any(isinstance(d, dict) and "ms_median" in d for d in rows.values()):
+            continue
+        for key, d in rows.items():
+            if key.startswith(prefix) or not isinstance(d, dict) or prefix + key not in rows:
+                continue
+            m0, m1 = d["ms_median"], rows[prefix + key]["ms_median"]
+            c0, c1 = d.get("sm_clock_mhz_median"), rows[prefix + key].get("sm_clock_mhz_median")
+            line = f"T {t} {key}: {m0:.4f} -> {m1:.4f} ms ({m1 / m0 - 1:+.1%})"
+            if c0 and c1:
+                line += f", {c0:.0f} -> {c1:.0f} MHz, {m0 * c0 / 1e3:.2f} -> {m1 * c1 / 1e3:.2f} M cycles"
+            lines.append(line)
+            if m1 > max_ratio * m0:
+                fails.append(f"T {t} {key}: {m1 / m0 - 1:+.1%} (> {max_ratio - 1:+.1%})")
+    if not lines:
+        fails.append(f"no build with a {prefix!r} twin in the result")
+    return lines, fails
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("name")
@@ -106,6 +130,7 @@ def main(argv=None) -> int:
     ap.add_argument("--novt-not-slower", action="store_true")
     ap.add_argument("--max-ratio", type=float)
     ap.add_argument("--peak-below", type=float)
+    ap.add_argument("--clocks", type=float, metavar="MAX_RATIO")
     a = ap.parse_args(argv)
     fails = []
     if a.tests:
@@ -117,8 +142,12 @@ def main(argv=None) -> int:
         res = result_of(a.output)
     except OSError as e:
         res, fails = {}, fails + [f"no probe output ({e.strerror})"]
-    lines, row_fails = check(res, a.name if a.rows is None else a.rows, faster_rounds=a.faster_rounds, bitwise=a.bitwise,
-                             novt_not_slower=a.novt_not_slower, max_ratio=a.max_ratio, peak_below=a.peak_below)
+    if a.clocks is not None:
+        lines, row_fails = clocks_check(res, a.clocks)
+    else:
+        lines, row_fails = check(res, a.name if a.rows is None else a.rows, faster_rounds=a.faster_rounds,
+                                 bitwise=a.bitwise, novt_not_slower=a.novt_not_slower, max_ratio=a.max_ratio,
+                                 peak_below=a.peak_below)
     for line in lines:
         print(line)
     fails += row_fails
