@@ -108,8 +108,8 @@ U30)  # session 30 (carry .carry/cs1; ~8-9 min): the pair kernel's shared exact 
     # of the prediction failed).
     # first the crafted-list smoke tests (session 9's first shared build hung): a failure or hang ends the phase here
     run_tests share_smoke 150 -x tests/test_cute_pair_gpu.py -k "shared_exact_tiles_crafted"
-    if ! grep -qE "[0-9]+ passed" "$OUT/tests_share_smoke.log" || grep -qE "failed|error" "$OUT/tests_share_smoke.log"
-    then
+    smoke=$(tail -1 "$OUT/tests_share_smoke.log" 2>/dev/null)
+    if [[ "$smoke" != *passed* || "$smoke" == *failed* || "$smoke" == *error* ]]; then
         log "U30 stops: the crafted-list smoke tests did not pass (tests_share_smoke.log)"; exit 1
     fi
     run_tests share 200 tests/test_cute_pair_gpu.py -k "share and not crafted"
