@@ -11,9 +11,9 @@ C cycles of work per own tile (S GEMM, softmax, P V; both consumers at once), p 
 tile only the other list holds (today's protocol; the owner-kind protocol skips those); a slot is free once every
 consumer that must release it has. Per list: two rings of 2 tiles (4 stages of K or V each), two producers, one
 stream; shared: one ring of 4 tiles (8 stages). tau is the per-list stream's 875 cycles per tile (8.69 M / 77.6 /
-128); C is not known by itself, so the model runs a range. Not modelled: the long-gap path (fwd_pair.py gap_max),
-per-tile costs of the shared consumers' bookkeeping, the power cap. Lists: kernels.routing's on kernels.synthetic's
-DiT-like q, k, v on the 480p grid (Morton-ordered, 4 heads) and on random ones, pwt d 0.125.
+128); C is not known by itself, so the model runs a range. Not modelled: the sorted-merge build's long-gap path
+(removed in session 30), per-tile costs of the shared consumers' bookkeeping, the power cap. Lists: kernels.routing's
+on kernels.synthetic's DiT-like q, k, v on the 480p grid (Morton-ordered, 4 heads) and on random ones, pwt d 0.125.
 
     python bench/probes/union_pacing.py        (CPU, ~1 min; prints a table and one RESULT line)
 """
@@ -120,9 +120,10 @@ def balanced(a, b):
 
 
 def shared_first(a, b):
-    """Session 30's order (fwd_pair.py share_order="split"): the blocks both lists hold first (ascending), then one
-    list's own tiles alternating with the other's, the longer list's rest last. Each consumer's gap before an own
-    tile is then 0 or 1 by a closed form (no list walk in the loop)."""
+    """Session 30's order (fwd_pair.py share=True, pair_sched._produce_split; tests/test_pair_share_schedule.py's
+    split_order as owner sets): the blocks both lists hold first (ascending), then one list's own tiles alternating
+    with the other's, the longer list's rest last. Each consumer's gap before an own tile is then 0 or 1 by a closed
+    form (no list walk in the loop)."""
     sa, sb = set(a), set(b)
     m = len(sa & sb)
     ao, bo = [x for x in a if x not in sb], [x for x in b if x not in sa]

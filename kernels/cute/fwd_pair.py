@@ -31,8 +31,8 @@ into slots that all 8 consumer warps release, in split order: the m blocks both 
 blocks alternating, the longer list's rest last (_produce_split). Each consumer computes its shared tiles, then its
 own ones, and waits for and releases the tiles it does not use (_pass): before each own tile 0 or 1 of them, by
 arithmetic on m and the two list lengths (_ugap), so the tile loop walks no list. Across such a tile it keeps
-holding its last V tile (its P V still to come, the FlashAttention-3 overlap kept; gap_max = kv_stages - 1 >= 1
-bounds what the protocol allows). A consumer passes over the union's tiles after its last own one right after its
+holding its last V tile (its P V still to come, the FlashAttention-3 overlap kept; the protocol allows up to
+kv_stages - 1 such tiles). A consumer passes over the union's tiles after its last own one right after its
 boundary step, before it can wait on the shared virtual pipeline. tests/test_pair_share_schedule.py and
 tests/test_union_barrier_model.py run this protocol as a model (no deadlock, no stale slot). A consumer's tiles no
 longer ascend, so its output equals the per-list pipelines' up to the online softmax's rounding order.
@@ -104,9 +104,8 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
         # one exact-tile pipeline for both consumers, fed with the union of their two lists (a block both lists
         # hold is loaded once; a consumer waits for and releases the tiles of the other list without using them)
         self.share = share
-        # a consumer may hold its last V tile while it passes over this many tiles of the other list (an exact
-        # pipeline of 2 x kv_stages slots then never waits for a slot it holds); the split order passes at most one
-        self.gap_max = kv_stages - 1
+        # a consumer may hold its last V tile while it passes over at most kv_stages - 1 tiles of the other list (an
+        # exact pipeline of 2 x kv_stages slots then never waits for a slot it holds); the split order passes one
         assert not share or kv_stages >= 2, "share passes one tile while holding a V tile"
         # timing probes only (bench/probes/cute_pair.py --split; wrong outputs): "nobias" (virtual tiles without
         # their bias / count loads), "asexact" (virtual tiles through the exact tiles' softmax, no bias),
@@ -484,8 +483,8 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                 for u in cutlass.range(1, n_plain, unroll=1):
                     vh = kv_cons.wait_and_advance()
                     if cutlass.const_expr(self.share):
-                        # the union tiles before own tile u (0 or 1 by the split order, at most gap_max: the V tile
-                        # of u - 1 stays held across them), then fwd.py's step
+                        # the union tiles before own tile u (0 or 1 by the split order: the V tile of u - 1 stays
+                        # held across them), then fwd.py's step
                         kv_cons = self._pass(kv_cons, self._ugap(c, u, m_sh, n_alt))
                         self._exact_step(qk_mma, pv_mma, acc_s, acc_o, tOrP, sQi, tSrK, tOrV, 0, kv_cons, vh, row_max,
                                          row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, kk_tail == u, rem)
