@@ -11,7 +11,8 @@ Random bf16 [1, 40, T, 128], pwt d 0.125, one precomputed routing; PROBE_T (defa
 (default 3), builds in PROBE_BUILDS (default pwt, novt, novt+stream, stream; a "share:" prefix runs the build with
 the pair kernel's shared exact pipeline, fwd_pair.py share=True; a build listed again is timed again, as
 "build#2"). PROBE_INPUTS=ditlike: kernels/synthetic.py's DiT-like q, k, v on Wan2.1-14B 480p's grid (21, 30, 52),
-Morton-ordered as the node orders them (adjacent query blocks' lists share ~61% of their blocks; T is then 32760). Prints one line `RESULT {...}`.
+Morton-ordered as the node orders them (adjacent query blocks' lists share ~61% of their blocks; T is then 32760).
+Prints one line `RESULT {...}`.
 
     python bench/probes/split_clocks.py"""
 import json
