@@ -28,8 +28,8 @@ pytestmark = pytest.mark.gpu
 REF_TOL = 3e-3
 SAME_TOL = 1e-5  # pair vs one-block kernel: the same operations per query block
 # shared exact pipeline vs a pipeline per list: the split order (fwd_pair.py) changes the order of each query block's
-# tiles, so the online softmax rounds its bfloat16 P differently (a CPU emulation of 40 random tiles reordered: ~1.8e-3
-# relative L2 apart, each ~1.5e-3 from float64)
+# tiles, so the online softmax rounds its bfloat16 P differently (bench/probes/order_rounding.py, a CPU emulation of 40
+# random tiles reordered: ~1.8e-3 relative L2 apart, each ~1.5e-3 from float64)
 SHARE_TOL = 4e-3
 
 
