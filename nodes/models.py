@@ -7,8 +7,9 @@ call are laid out:
 
     [ n_prefix exact tokens | prod(grid) latent tokens in raster order | n_suffix exact tokens ]
 
-Prefix/suffix are text (FLUX, FLUX.2, Qwen-Image, Z-Image, HunyuanVideo 1.5: in front; HunyuanVideo on
-ComfyUI <= 0.3.x: text last) or pad tokens (Z-Image pads the image to a multiple of 32 tokens at the end).
+Prefix/suffix are text (FLUX, FLUX.2, Qwen-Image, MageFlow, Z-Image, HunyuanVideo 1.5, Krea 2, Ideogram 4: in front;
+HunyuanVideo on ComfyUI <= 0.3.x, Lens, JoyImage: text last) or pad tokens (Z-Image pads the image to a multiple of
+32 tokens at the end).
 Other self-attention calls of the forward whose length is known (a text refiner, Kandinsky 5's text encoder
 blocks, Z-Image's image refiner, LTX-2's audio stream) are named in `side` so the policy keeps them dense
 without a warning.
@@ -44,7 +45,8 @@ def _hierarchy(obj) -> list[tuple[str, str]]:
 _BLOCK_LISTS = {"wan": ("blocks",), "flux": ("double_blocks", "single_blocks"),
                 "hunyuan_video": ("double_blocks", "single_blocks"), "qwen_image": ("transformer_blocks",),
                 "lumina2": ("layers",), "ltxv": ("transformer_blocks",), "kandinsky5": ("visual_transformer_blocks",),
-                "cosmos_predict2": ("blocks",), "cogvideox": ("blocks",)}
+                "cosmos_predict2": ("blocks",), "cogvideox": ("blocks",), "lens": ("transformer_blocks",),
+                "joyimage": ("double_blocks",), "krea2": ("blocks",), "ideogram4": ("layers",)}
 
 
 def _block_lists(family: str, dm) -> list[list]:
@@ -90,10 +92,19 @@ class ForwardInfo:
     sigmas: tuple[float, ...] | None = None  # each sample's sigma (read while training: per-sample decisions)
     n_suffix: int = 0  # exact tokens after the grid
     side: tuple[tuple[int, str], ...] = ()  # (length, policy.SIDE_STREAMS key) of other self-attention calls
+    # the joint calls' mask is all zeros (additive), i.e. none: the model builds one for every call and this
+    # forward's own mask argument shows it masks nothing (Lens with an unpadded prompt)
+    zero_mask: bool = False
 
     @property
     def n_tokens(self) -> int | None:
         return None if self.grid is None else self.n_prefix + math.prod(self.grid) + self.n_suffix
+
+    def mask_is_none(self, mask, q_len: int) -> bool:
+        """True when `mask`, passed with a joint call of `q_len` tokens, is the [B, 1, 1, L] all-zero additive mask
+        this forward's model builds from an all-true text mask (`zero_mask`), so the call counts as unmasked."""
+        return (self.zero_mask and isinstance(mask, torch.Tensor) and mask.dim() == 4
+                and tuple(mask.shape[1:3]) == (1, 1) and int(mask.shape[-1]) == q_len == self.n_tokens)
 
     def side_stream(self, q_len: int) -> str | None:
         for n, kind in self.side:
@@ -163,7 +174,8 @@ def _flux(dm, x, context, args, kwargs) -> ForwardInfo:
 
 
 def _qwen_image(dm, x, context, args, kwargs) -> ForwardInfo:
-    # [B, C, T, H, W] (T = 1 for an image; the layered variant stacks T images); text first
+    # [B, C, T, H, W] (T = 1 for an image; the layered variant stacks T images); MageFlow: [B, 128, H, W] at
+    # patch 1 (its blocks are Qwen-Image's); text first
     if x.dim() not in (4, 5):
         return ForwardInfo("qwen_image", None, 0, f"Qwen-Image latent of rank {x.dim()}, expected 4 or 5")
     hw = _grid(x.shape[-2:], _patch(dm, 2, 2))
@@ -255,9 +267,52 @@ def _cogvideox(dm, x, context, args, kwargs) -> ForwardInfo:
     return ForwardInfo("cogvideox", _grid(x.shape[2:], (pt, ps, ps)), _len(context))
 
 
+def _lens(dm, x, context, args, kwargs) -> ForwardInfo:
+    # [image | text]: the image tokens are the latent's pixels in raster order (the 128-channel FLUX.2 latent is
+    # already 2x2-packed), the text behind them. Every joint call gets a [B, 1, 1, L] additive mask built from the
+    # forward's text mask (all true when none is given): all zeros, i.e. no mask, exactly when that text mask is
+    # all true (read once per forward); a padded prompt's mask keeps the calls dense.
+    if x.dim() != 4:
+        return ForwardInfo("lens", None, 0, f"Lens latent of rank {x.dim()}, expected 4")
+    mask = _arg(args, kwargs, 3, "attention_mask")
+    zero = mask is None or (isinstance(mask, torch.Tensor) and bool((mask != 0).all()))
+    return ForwardInfo("lens", tuple(int(s) for s in x.shape[-2:]), 0, n_suffix=_len(context), zero_mask=zero)
+
+
+def _joyimage(dm, x, context, args, kwargs) -> ForwardInfo:
+    # [image (T, H, W patches, raster) | reference images | text]; no mask. Reference images add tokens between the
+    # grid and the text: their calls stay dense (token count)
+    if x.dim() != 5:
+        return ForwardInfo("joyimage", None, 0, f"JoyImage latent of rank {x.dim()}, expected 5")
+    grid = _grid(x.shape[2:], _patch(dm, 3, (1, 2, 2)))
+    return ForwardInfo("joyimage", grid[1:] if grid[0] == 1 else grid, 0, n_suffix=_len(context))
+
+
+def _krea2(dm, x, context, args, kwargs) -> ForwardInfo:
+    # single stream [text | image (patch 2, raster)], no mask; a 5D latent runs its frames as a batch of images.
+    # The text fusion adapter attends over each token's txtlayers features, then over the prompt alone (text)
+    if x.dim() not in (4, 5):
+        return ForwardInfo("krea2", None, 0, f"Krea 2 latent of rank {x.dim()}, expected 4 or 5")
+    p = int(getattr(dm, "patch", 2))
+    n_txt = _len(context)
+    side = ((n_txt, "text"),)
+    if getattr(dm, "txtlayers", None):
+        side += ((int(dm.txtlayers), "text"),)
+    return ForwardInfo("krea2", _grid(x.shape[-2:], (p, p)), n_txt, side=side)
+
+
+def _ideogram4(dm, x, context, args, kwargs) -> ForwardInfo:
+    # single stream [text | image]: the image tokens are the latent's pixels in raster order (the 128-channel FLUX.2
+    # latent is already 2x2-packed); a padded prompt gets a segment mask (its calls stay dense), none otherwise
+    if x.dim() != 4:
+        return ForwardInfo("ideogram4", None, 0, f"Ideogram 4 latent of rank {x.dim()}, expected 4")
+    return ForwardInfo("ideogram4", tuple(int(s) for s in x.shape[-2:]), _len(context))
+
+
 _LAYOUTS = {"wan": _wan, "flux": _flux, "qwen_image": _qwen_image, "lumina2": _lumina2,
             "hunyuan_video": _hunyuan_video, "ltxv": _ltxv, "kandinsky5": _kandinsky5,
-            "cosmos_predict2": _cosmos_predict2, "cogvideox": _cogvideox}
+            "cosmos_predict2": _cosmos_predict2, "cogvideox": _cogvideox, "lens": _lens, "joyimage": _joyimage,
+            "krea2": _krea2, "ideogram4": _ideogram4}
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -226,8 +226,11 @@ class SparseAttentionOverride:
             fwd_reason = None  # newer ComfyUI tells the blocks apart
         fwd_reason = fwd_reason or block_why or chain.step_aside_reason(to.get(chain.OVERRIDE), self)
         sigma, step = (info.sigma, info.step) if info is not None and info.timing_known else sigma_and_step(to)
+        mask = bound.get("mask")  # Lens passes an all-zero mask to every call: none when its forward shows it
+        has_mask = mask is not None and not (info is not None and is_joint and side is None
+                                             and info.mask_is_none(mask, int(lay.q_len)))
         call = policy.Call(q_len=int(lay.q_len), k_len=int(lay.k_len), head_dim=int(lay.head_dim or 0),
-                           dtype=str(q.dtype), has_mask=bound.get("mask") is not None, n_tokens_expected=n_expected,
+                           dtype=str(q.dtype), has_mask=has_mask, n_tokens_expected=n_expected,
                            block=block, total_blocks=self.total_blocks, step=None if step is None else step[0],
                            n_steps=None if step is None else step[1], sigma=sigma, sigma_window=st.sigma_window,
                            forward_reason=fwd_reason, side_stream=side, training=train, dense_sigma=st.dense_sigma)

@@ -38,6 +38,12 @@ FAMILY_CLASSES = {
     ("comfy.ldm.kandinsky5.model", "Kandinsky5"): "kandinsky5",  # Kandinsky 5 video (lite, pro) and image
     ("comfy.ldm.cosmos.predict2", "MiniTrainDIT"): "cosmos_predict2",  # Cosmos Predict2 (T2I, I2V), Anima
     ("comfy.ldm.cogvideo.model", "CogVideoXTransformer3DModel"): "cogvideox",  # CogVideoX 1.0 / 1.5 (T2V, I2V, Fun)
+    # Mage-Flow: Qwen-Image's blocks and layout at patch 1 over the 128-channel FLUX.2 latent (ComfyUI 0.33)
+    ("comfy.ldm.mage_flow.model", "MageFlowTransformer2DModel"): "qwen_image",
+    ("comfy.ldm.lens.model", "LensTransformer2DModel"): "lens",  # Lens: image first, text last (ComfyUI 0.33)
+    ("comfy.ldm.joyimage.model", "JoyImageTransformer3DModel"): "joyimage",  # JoyImage (Edit): text last (0.33)
+    ("comfy.ldm.krea2.model", "SingleStreamDiT"): "krea2",  # Krea 2: single stream, text first (0.33)
+    ("comfy.ldm.ideogram4.model", "Ideogram4Transformer2DModel"): "ideogram4",  # Ideogram 4: text first (0.33)
 }
 # subclasses of a known class whose attention is not the parent's: (module, class) -> why they stay dense
 EXCLUDED_CLASSES = {
@@ -46,7 +52,8 @@ EXCLUDED_CLASSES = {
     ("comfy.ldm.qwen_image.controlnet", "QwenImageControlNetModel"): "a ControlNet, not a diffusion model",
 }
 SUPPORTED_MODELS = ("Wan2.1, Wan2.2 (A14B, TI2V 5B, VACE), FLUX.1, FLUX.2, Chroma, Qwen-Image, Z-Image / Lumina 2, "
-                    "HunyuanVideo 1.0/1.5, LTX-Video / LTX-2, Kandinsky 5, Cosmos Predict2 / Anima, CogVideoX")
+                    "HunyuanVideo 1.0/1.5, LTX-Video / LTX-2, Kandinsky 5, Cosmos Predict2 / Anima, CogVideoX, "
+                    "Mage-Flow, Lens, JoyImage, Krea 2, Ideogram 4")
 
 
 @dataclass(frozen=True)

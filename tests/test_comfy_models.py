@@ -3,7 +3,9 @@ has them: Wan2.2 TI2V 5B (WAN22, 48-channel latent), FLUX.2 (Flux2, 512 padded t
 Qwen-Image, Z-Image (caption and image each padded to 32 tokens: pads behind the image), HunyuanVideo 1.5
 (0.33: text in front) and HunyuanVideo 1.0 (0.3.64: text behind the video), LTX-Video, Chroma (FLUX's layout in
 a class of its own), Kandinsky 5 video and image (0.33), Cosmos Predict2, CogVideoX (0.33: no block index,
-counted). Each is detected by
+counted), and on 0.33: Mage-Flow (Qwen-Image's blocks), Lens and JoyImage (text behind the image; Lens masks every
+call, all zeros for an unpadded prompt), Krea 2 and Ideogram 4 (single stream, text in front; Ideogram 4 counted).
+Each is detected by
 class hierarchy, sparse exactly on the joint self-attention calls of the sparse steps and blocks, keeps its
 text (and pad) tokens as exact sink blocks wherever they sit, and at density 1 reproduces dense sampling.
 Wan2.2 A14B's two experts (two models, two KSamplerAdvanced passes) count dense steps over the whole schedule."""
@@ -61,6 +63,7 @@ class Case:
     text_behind: bool
     grid: tuple
     joint: int  # tokens of a joint self-attention call
+    unet_extra: dict | None = None  # replaces the supported model's unet_extra_config (full-size dimensions there)
 
 
 CASES = {
@@ -146,6 +149,37 @@ CASES = {
                            out_channels=16, time_embed_dim=64, text_embed_dim=64, num_layers=4, sample_width=32,
                            sample_height=32, sample_frames=9, patch_size=2, use_rotary_positional_embeddings=True),
                       (1, 16, 3, 32, 32), 64, {}, "cogvideox", TXT, False, (3, 16, 16), TXT + 768),
+    # (0.33) Mage-Flow: Qwen-Image's blocks (text in front) at patch 1 over the 128-channel FLUX.2 latent
+    "mage_flow": Case("MageFlow", "comfy.ldm.mage_flow.model:MageFlowTransformer2DModel",
+                      dict(image_model="mage_flow", in_channels=128, out_channels=128, num_layers=4,
+                           attention_head_dim=64, num_attention_heads=2, joint_attention_dim=64,
+                           axes_dims_rope=(16, 24, 24)),
+                      (1, 128, 32, 32), 64, {}, "qwen_image", TXT, False, (32, 32), TXT + 1024),
+    # (0.33) Lens: image tokens (the packed latent's pixels) then the text; every joint call gets an additive mask built
+    # from the text mask, which its text encoder always returns (all ones for one unpadded prompt): all zeros
+    "lens": Case("Lens", "comfy.ldm.lens.model:LensTransformer2DModel",
+                 dict(image_model="lens", patch_size=2, in_channels=128, out_channels=32, num_layers=4,
+                      attention_head_dim=64, num_attention_heads=2, enc_hidden_dim=32, axes_dims_rope=(16, 24, 24),
+                      multi_layer_encoder_feature=True, selected_layer_index=(0, 1)),
+                 (1, 128, 32, 32), 64, {"attention_mask": torch.ones(1, TXT, dtype=torch.long)}, "lens", TXT, True,
+                 (32, 32), 1024 + TXT),
+    # (0.33) JoyImage: [image | text], [B, L, H*D] calls; head_dim 128 (its supported model fixes rope_dim_list)
+    "joyimage": Case("JoyImage", "comfy.ldm.joyimage.model:JoyImageTransformer3DModel",
+                     dict(image_model="joyimage", patch_size=[1, 2, 2], in_channels=16, hidden_size=256,
+                          num_attention_heads=2, text_dim=64, mlp_width_ratio=2.0, num_layers=4),
+                     (1, 16, 1, 64, 64), 64, {}, "joyimage", TXT, True, (32, 32), 1024 + TXT),
+    # (0.33) Krea 2: single stream [text | image], grouped-query k/v repeated before the call; the text fusion
+    # adapter's self-attention (over each token's layer features, then over the prompt) stays dense
+    "krea2": Case("Krea2", "comfy.ldm.krea2.model:SingleStreamDiT",
+                  dict(image_model="krea2", features=128, tdim=64, txtdim=32, heads=2, kvheads=1, multiplier=2,
+                       layers=4, patch=2, channels=16, theta=1e3, txtlayers=2, txtheads=2, txtkvheads=2),
+                  (1, 16, 1, 64, 64), 64, {}, "krea2", TXT, False, (32, 32), TXT + 1024),
+    # (0.33) Ideogram 4: single stream [text | image], no block index (counted); no mask for an unpadded prompt
+    "ideogram4": Case("Ideogram4", "comfy.ldm.ideogram4.model:Ideogram4Transformer2DModel",
+                      dict(image_model="ideogram4", in_channels=128, num_layers=4, num_attention_heads=2,
+                           attention_head_dim=64, intermediate_size=256, adaln_dim=64, llm_features_dim=64,
+                           rope_theta=10000, mrope_section=[12, 10, 10], norm_eps=1e-5),
+                      (1, 128, 32, 32), 64, {}, "ideogram4", TXT, False, (32, 32), TXT + 1024, unet_extra={}),
 }
 
 
@@ -153,6 +187,8 @@ def _patcher(case: Case, seed: int = 0):
     cls = getattr(comfy.supported_models, case.supported, None)
     if cls is None:
         pytest.skip(f"this ComfyUI has no {case.supported}")
+    if case.unet_extra is not None:  # ComfyUI's class with the tiny dimensions instead of its full-size ones
+        cls = type(cls.__name__, (cls,), {"unet_extra_config": case.unet_extra})
     mod, name = case.params.split(":")
     params = getattr(__import__(mod, fromlist=[name]), name)
     mb = cls(_fit(case.cfg, params)).get_model({}, device=CPU)
@@ -235,6 +271,29 @@ def test_density_one_reproduces_dense_sampling(name):
     scale = dense.norm()
     assert float((full - dense).norm() / scale) < 1e-4  # layout, permutation and Morton handling are exact
     assert float((sparse - dense).norm() / scale) > 1e-4  # and the sparse run did change attention
+
+
+PADDED = torch.cat([torch.ones(1, TXT - 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long)], dim=1)
+
+
+@pytest.mark.parametrize("name,mask,n_sparse", [("lens", None, 4), ("lens", "padded", 0), ("ideogram4", "padded", 0),
+                                                ("mage_flow", "padded", 0)])
+def test_the_text_mask_decides_whether_joint_calls_may_run_sparse(name, mask, n_sparse, decisions, kernel_calls):
+    # Lens masks every joint call: with no text mask (here) or an all-true one (CASES) that mask is all zeros and
+    # the calls run sparse; a padded prompt's mask (Lens, Ideogram 4's segments, Mage-Flow's Qwen-Image blocks)
+    # keeps every joint call dense, computed exactly as without the node
+    case = CASES[name]
+    extra = {k: v for k, v in case.cond_extra.items() if k != "attention_mask"}
+    if mask == "padded":
+        extra["attention_mask"] = PADDED
+    case = dataclasses.replace(case, cond_extra=extra)
+    mp = _patcher(case)
+    out = _sample(patch.apply_piecewise_sparse_attention(mp, **KNOBS), case)
+    joint = [r for r in decisions() if r["q_len"] == r["k_len"] == case.joint]
+    assert len(joint) == 12 and len(kernel_calls) == n_sparse == sum(r["sparse"] for r in joint)
+    if not n_sparse:
+        assert {r["reason"] for r in joint} == {"attention mask present"}
+        assert torch.equal(out, _sample(patch.apply_piecewise_sparse_attention(mp, variant="off"), case))
 
 
 def test_wan22_a14b_two_experts_count_dense_steps_over_the_whole_schedule(decisions):

@@ -76,8 +76,12 @@ def test_model_family_is_found_anywhere_in_the_class_hierarchy():
     assert policy.model_family(_mro("comfy.ldm.flux.model:Flux"), "Flux2 (Flux)") == ("flux", None)
     assert policy.model_family(_mro("comfy.ldm.lightricks.av_model:LTXAVModel", "comfy.ldm.lightricks.model:LTXVModel",
                                     "comfy.ldm.lightricks.model:LTXBaseModel"))[0] == "ltxv"
+    # Mage-Flow runs Qwen-Image's blocks in a class of its own; Krea 2's class has a generic name
+    assert policy.model_family(_mro("comfy.ldm.mage_flow.model:MageFlowTransformer2DModel"))[0] == "qwen_image"
+    assert policy.model_family(_mro("comfy.ldm.krea2.model:SingleStreamDiT"))[0] == "krea2"
     # a class of the same name from another module is not ours
     assert policy.model_family(_mro("someone.else:WanModel"))[0] is None
+    assert policy.model_family(_mro("someone.else:SingleStreamDiT"))[0] is None
 
 
 def test_model_family_names_the_class_of_unsupported_models():
