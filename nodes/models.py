@@ -8,8 +8,9 @@ call are laid out:
     [ n_prefix exact tokens | prod(grid) latent tokens in raster order | n_suffix exact tokens ]
 
 Prefix/suffix are text (FLUX, FLUX.2, Qwen-Image, MageFlow, Z-Image, HunyuanVideo 1.5, Krea 2, Ideogram 4: in front;
-HunyuanVideo on ComfyUI <= 0.3.x, Lens, JoyImage: text last) or pad tokens (Z-Image pads the image to a multiple of
-32 tokens at the end).
+HunyuanVideo on ComfyUI <= 0.3.x, Lens, JoyImage: text last), pad tokens (Z-Image pads the image to a multiple of
+32 tokens at the end) or, for MiniMax-H3, the whole packed sequence in front of the target video (text, keyframe
+and reference rows, the target audio).
 Other self-attention calls of the forward whose length is known (a text refiner, Kandinsky 5's text encoder
 blocks, Z-Image's image refiner, LTX-2's audio stream) are named in `side` so the policy keeps them dense
 without a warning.
@@ -46,7 +47,8 @@ _BLOCK_LISTS = {"wan": ("blocks",), "flux": ("double_blocks", "single_blocks"),
                 "hunyuan_video": ("double_blocks", "single_blocks"), "qwen_image": ("transformer_blocks",),
                 "lumina2": ("layers",), "ltxv": ("transformer_blocks",), "kandinsky5": ("visual_transformer_blocks",),
                 "cosmos_predict2": ("blocks",), "cogvideox": ("blocks",), "lens": ("transformer_blocks",),
-                "joyimage": ("double_blocks",), "krea2": ("blocks",), "ideogram4": ("layers",)}
+                "joyimage": ("double_blocks",), "krea2": ("blocks",), "ideogram4": ("layers",),
+                "minimax_h3": ("blocks",)}
 
 
 def _block_lists(family: str, dm) -> list[list]:
@@ -142,8 +144,8 @@ def forward_info(family: str, diffusion_model, args, kwargs) -> ForwardInfo:
     fn = _LAYOUTS.get(family)
     if fn is None:
         return ForwardInfo(family, None, 0, f"unknown family {family}")
-    if family == "ltxv" and isinstance(x, (list, tuple)) and x and isinstance(x[0], torch.Tensor):
-        pass  # LTX-2 passes [video, audio]
+    if family in ("ltxv", "minimax_h3") and isinstance(x, (list, tuple)) and x and isinstance(x[0], torch.Tensor):
+        pass  # LTX-2 and MiniMax-H3 pass [video, audio]
     elif not isinstance(x, torch.Tensor):
         return ForwardInfo(family, None, 0, "latent not a tensor")
     return fn(diffusion_model, x, context, args, kwargs)
@@ -309,10 +311,48 @@ def _ideogram4(dm, x, context, args, kwargs) -> ForwardInfo:
     return ForwardInfo("ideogram4", tuple(int(s) for s in x.shape[-2:]), _len(context))
 
 
+def _minimax_h3(dm, x, context, args, kwargs) -> ForwardInfo:
+    # one packed sequence [text | keyframe cond rows | reference blocks | target audio | target video], batch 1; the
+    # target video is last, patchified (1, 2, 2) in (t, h, w) raster order: everything in front of it is the exact
+    # prefix. Its segment table is the PackedLayout that model_base prebuilds into the payload; the forward uses it
+    # only when its signature matches (else it builds its own from the payload's keyframes/refs): we read the
+    # prefix from that layout under the same check, or, with no keyframes and no references, as text + 2 x audio
+    # frames (stereo rows). The token refiner attends over the prompt alone (text); model_base runs it once per
+    # sampling run outside any forward, so it appears only when the context comes unrefined.
+    if not (isinstance(x, (list, tuple)) and len(x) >= 2 and all(isinstance(t, torch.Tensor) for t in x[:2])):
+        return ForwardInfo("minimax_h3", None, 0, "MiniMax-H3 latent is not a [video, audio] pair")
+    vx, ax = x[0], x[1]
+    if vx.dim() != 5 or ax.dim() < 2:
+        return ForwardInfo("minimax_h3", None, 0, f"MiniMax-H3 latents of rank {vx.dim()}/{ax.dim()}, expected 5/4")
+    if vx.shape[0] != 1:
+        return ForwardInfo("minimax_h3", None, 0, f"MiniMax-H3 batch of {vx.shape[0]} (the model takes 1)")
+    p = _patch(dm, 3, (1, 2, 2))
+    if p != (1, 2, 2):
+        return ForwardInfo("minimax_h3", None, 0, f"MiniMax-H3 patch {p}, its packed layout is built for (1, 2, 2)")
+    grid = _grid(vx.shape[2:], p)
+    n_text, audio_t = _len(context), int(ax.shape[-1])
+    side = ((n_text, "text"),)
+    payload = kwargs.get("minimax_payload") or {}
+    if not isinstance(payload, dict):
+        return ForwardInfo("minimax_h3", None, 0, "MiniMax-H3 payload unreadable")
+    layout = payload.get("layout")
+    signature = (n_text, grid[0] * p[0], grid[1] * p[1], grid[2] * p[2], audio_t)
+    if layout is not None and tuple(getattr(layout, "signature", ())) == signature:
+        segs = list(getattr(layout, "segments", ()))
+        if not segs or segs[-1][2] != "video" or segs[-1][1] != int(layout.seq_len) \
+                or segs[-1][1] - segs[-1][0] != math.prod(grid):
+            return ForwardInfo("minimax_h3", None, 0, "MiniMax-H3 packed layout without the target video last")
+        return ForwardInfo("minimax_h3", grid, int(segs[-1][0]), side=side)
+    if payload.get("keyframes") or payload.get("refs"):
+        return ForwardInfo("minimax_h3", None, 0, "MiniMax-H3 keyframes/references without a prebuilt packed "
+                                                  "layout: their token count is not read here")
+    return ForwardInfo("minimax_h3", grid, n_text + 2 * audio_t, side=side)
+
+
 _LAYOUTS = {"wan": _wan, "flux": _flux, "qwen_image": _qwen_image, "lumina2": _lumina2,
             "hunyuan_video": _hunyuan_video, "ltxv": _ltxv, "kandinsky5": _kandinsky5,
             "cosmos_predict2": _cosmos_predict2, "cogvideox": _cogvideox, "lens": _lens, "joyimage": _joyimage,
-            "krea2": _krea2, "ideogram4": _ideogram4}
+            "krea2": _krea2, "ideogram4": _ideogram4, "minimax_h3": _minimax_h3}
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -375,6 +375,8 @@ class ForwardWrapper:
         if train:
             training.register_blocks(self.override.uid, self.override.family, dm)
         x = args[0] if args else kwargs.get("x")
+        if isinstance(x, (list, tuple)) and x:  # LTX-2, MiniMax-H3: [video, audio], one device
+            x = x[0]
         device = str(x.device) if isinstance(x, torch.Tensor) else "?"
         st = run_state(self.override.uid)
         state.new_forward(st, (tuple(to.get("cond_or_uncond", ()) or ()), device))

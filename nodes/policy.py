@@ -44,6 +44,8 @@ FAMILY_CLASSES = {
     ("comfy.ldm.joyimage.model", "JoyImageTransformer3DModel"): "joyimage",  # JoyImage (Edit): text last (0.33)
     ("comfy.ldm.krea2.model", "SingleStreamDiT"): "krea2",  # Krea 2: single stream, text first (0.33)
     ("comfy.ldm.ideogram4.model", "Ideogram4Transformer2DModel"): "ideogram4",  # Ideogram 4: text first (0.33)
+    # MiniMax-H3 (video + audio): one packed sequence, the target video last (0.33)
+    ("comfy.ldm.minimax.model", "MiniMaxH3Model"): "minimax_h3",
 }
 # subclasses of a known class whose attention is not the parent's: (module, class) -> why they stay dense
 EXCLUDED_CLASSES = {
@@ -53,7 +55,7 @@ EXCLUDED_CLASSES = {
 }
 SUPPORTED_MODELS = ("Wan2.1, Wan2.2 (A14B, TI2V 5B, VACE), FLUX.1, FLUX.2, Chroma, Qwen-Image, Z-Image / Lumina 2, "
                     "HunyuanVideo 1.0/1.5, LTX-Video / LTX-2, Kandinsky 5, Cosmos Predict2 / Anima, CogVideoX, "
-                    "Mage-Flow, Lens, JoyImage, Krea 2, Ideogram 4")
+                    "Mage-Flow, Lens, JoyImage, Krea 2, Ideogram 4, MiniMax-H3")
 
 
 @dataclass(frozen=True)

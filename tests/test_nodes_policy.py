@@ -79,6 +79,7 @@ def test_model_family_is_found_anywhere_in_the_class_hierarchy():
     # Mage-Flow runs Qwen-Image's blocks in a class of its own; Krea 2's class has a generic name
     assert policy.model_family(_mro("comfy.ldm.mage_flow.model:MageFlowTransformer2DModel"))[0] == "qwen_image"
     assert policy.model_family(_mro("comfy.ldm.krea2.model:SingleStreamDiT"))[0] == "krea2"
+    assert policy.model_family(_mro("comfy.ldm.minimax.model:MiniMaxH3Model"))[0] == "minimax_h3"
     # a class of the same name from another module is not ours
     assert policy.model_family(_mro("someone.else:WanModel"))[0] is None
     assert policy.model_family(_mro("someone.else:SingleStreamDiT"))[0] is None
