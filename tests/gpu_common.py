@@ -1,7 +1,13 @@
 """Helpers shared by the GPU test modules (test_triton_gpu.py, test_cute_gpu.py, test_backward_gpu.py): seeded
 inputs on the current CUDA device, relative L2 error, a SparseConfig shorthand, the float64 reference with its
 routing (and its gradients, also used by the interpreter's backward driver), and the torch.compile check of a
-small module that calls a backend's forward."""
+small module that calls a backend's forward; a lock that runs the memory-heavy tests one at a time across
+pytest-xdist workers (on an 80 GB H100 four workers' float64 references at T 32760 ran out of memory, session 31)."""
+import contextlib
+import fcntl
+import os
+import tempfile
+
 import torch
 
 
@@ -86,3 +92,31 @@ def cute_skip_reason():
     if kc._IMPORT_ERROR is not None:
         return f"cute backend unavailable: {kc._IMPORT_ERROR}"
     return None
+
+
+@contextlib.contextmanager
+def heavy_gpu_section(name="float64"):
+    """One memory-heavy section at a time on this machine's GPU (a file lock shared by the pytest-xdist workers):
+    the float64 references at T 32760 hold tens of GB each. Frees the cache on the way out."""
+    path = os.path.join(tempfile.gettempdir(), f"psa_gpu_heavy_{os.getuid()}.lock")
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            torch.cuda.empty_cache()
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def sdpa_grads(q, k, v, do, dtype):
+    """(dq, dk, dv) of SDPA in `dtype`, one (batch, head) slice at a time: float64 SDPA runs the math backend, whose
+    [T, T] matrices for all heads at once (T 32760: 8.6 GB per head and matrix) do not fit an 80 GB card."""
+    out = [torch.empty(t.shape, dtype=dtype, device=t.device) for t in (q, k, v)]
+    B, H = q.shape[:2]
+    for b in range(B):
+        for h in range(H):
+            x = [t[b, h].to(dtype).requires_grad_(True) for t in (q, k, v)]
+            g = torch.autograd.grad(torch.nn.functional.scaled_dot_product_attention(*x), x, do[b, h].to(dtype))
+            for o, gi in zip(out, g):
+                o[b, h] = gi
+    return tuple(out)

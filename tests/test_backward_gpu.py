@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpu_common import cfg_of, reference_grads, rel, rnd
+from gpu_common import cfg_of, heavy_gpu_section, reference_grads, rel, rnd, sdpa_grads
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -18,19 +18,18 @@ GRADS = ("dq", "dk", "dv")
 
 def sdpa_bf16_error(q, k, v, do):
     """PyTorch's own error on this problem: SDPA's gradients in the input dtype against float64 SDPA's."""
-    def grads(dtype):
-        x = [t.to(dtype).requires_grad_(True) for t in (q, k, v)]
-        return torch.autograd.grad(F.scaled_dot_product_attention(*x), x, do.to(dtype))
-    return {n: rel(a, b) for n, a, b in zip(GRADS, grads(q.dtype), grads(torch.float64))}
+    return {n: rel(a, b) for n, a, b in zip(GRADS, sdpa_grads(q, k, v, do, q.dtype), sdpa_grads(q, k, v, do,
+                                                                                             torch.float64))}
 
 
 def check_grads(q, k, v, cfg, seed=5):
     from kernels.triton import train
     do = rnd(q.shape, q.dtype, seed=seed)
-    r, _, want = reference_grads(q, k, v, do, cfg)
-    out, lse, vbias, st = train.forward_saving(q, k, v, cfg, routing=r)
-    got = train.backward(do, q, k, v, out, lse, vbias, st, cfg)
-    torch_err = sdpa_bf16_error(q, k, v, do)
+    with heavy_gpu_section():
+        r, _, want = reference_grads(q, k, v, do, cfg)
+        out, lse, vbias, st = train.forward_saving(q, k, v, cfg, routing=r)
+        got = train.backward(do, q, k, v, out, lse, vbias, st, cfg)
+        torch_err = sdpa_bf16_error(q, k, v, do)
     errs = {}
     for n, a, b in zip(GRADS, got, want):
         assert a.dtype == q.dtype and a.shape == q.shape and torch.isfinite(a).all(), n
@@ -73,11 +72,11 @@ def test_density_one_gradients_equal_sdpa(variant, shape):
     from kernels import triton as kt
     q, k, v = (rnd(shape, seed=30 + s) for s in range(3))
     do = rnd(shape, seed=34)
-    x64 = [t.double().requires_grad_(True) for t in (q, k, v)]
-    want = torch.autograd.grad(F.scaled_dot_product_attention(*x64), x64, do.double())
-    torch_err = sdpa_bf16_error(q, k, v, do)
-    x = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    got = torch.autograd.grad(kt.forward(*x, cfg_of(shape[-1], 1.0, variant)), x, do)
+    with heavy_gpu_section():
+        want = sdpa_grads(q, k, v, do, torch.float64)
+        torch_err = sdpa_bf16_error(q, k, v, do)
+        x = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        got = torch.autograd.grad(kt.forward(*x, cfg_of(shape[-1], 1.0, variant)), x, do)
     for n, a, b in zip(GRADS, got, want):
         assert rel(a, b) <= 2 * torch_err[n] + 1e-4, (n, rel(a, b), torch_err[n])
 
