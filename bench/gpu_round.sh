@@ -1,10 +1,10 @@
 # H200 device calls, one phase per call, run from the repository root with the cutlass-dsl site and ComfyUI's comfy/
 # files carried in one archive (bench/install_cute_site.sh unpacks it):
 #   carry [".carry/cs1"]    command: bash bench/gpu_round.sh PHASE
-# Pending, in this order: F on the defaults (every forward GPU test; session 29 removed two switch-gated CuTe builds
-# after its last GPU call, with the shipped builds' sm_90a SASS byte-identical, and no machine could be started after),
-# then U30 (session 30's split-order shared exact pipeline, built without a GPU), then, if U30's rule holds,
-# `PSA_CUTE_PAIR_SHARE=1 bash bench/gpu_round.sh F` before the flip is committed; Q30 and M30 with any time left.
+# Session 31 (on an H100: no H200 came) ran U30 (off), F (296 passed), Q30 (off), M30, L and the backward tests
+# (results and decisions in bench/results/pieces_h200.md, Session 31). Pending: the backward GPU tests again
+# (tests/test_backward_gpu.py, changed after they ran out of memory on the 80 GB card: phase BW, ~2-3 min), and an
+# H200 pieces run (L) when an H200 is lent. Sessions 30-31's phases U30, Q30, M30: `git show 9e994e1:bench/gpu_round.sh`.
 # Session 29
 # ran B39, E39, CH39 (C39 + H39), G39, D39 and L (results and decisions in
 # bench/results/pieces_h200.md; those phases are in git history: `git show d1b661c:bench/gpu_round.sh`). A new build
@@ -90,64 +90,10 @@ L)  # every piece at 480p, 720p and FLUX.1 with the session-7 defaults, both bac
         --shapes wan14,wan14_720,flux > "$OUT/pieces_l.log" 2>&1
     log "pieces rc=$?"
     ;;
-U30)  # session 30 (carry .carry/cs1; ~8-9 min): the pair kernel's shared exact pipeline in split order (PSA_CUTE_PAIR_SHARE,
-    # fwd_pair.py / pair_sched._produce_split: the blocks both lists hold first, then the two lists' own blocks
-    # alternating; 0 or 1 passed tiles before each own one by arithmetic; the shipped virtual loop kept), built and
-    # compiled on the CPU only (sm_90a: 168 registers, no spills, 232,448 bytes of shared memory; the protocol model
-    # tests pass). Steps: its crafted-list tests as a smoke run (the phase stops if they fail or hang), then its other
-    # GPU tests (every share test of test_cute_pair_gpu.py: against the per-list pipelines
-    # within SHARE_TOL and the float64 reference); the exact part alone (novt) and pwt, per list vs shared, with clocks
-    # and power (bench/probes/split_clocks.py), on DiT-like Morton inputs at 480p and on random ones, each in both build
-    # orders; the node's call on random inputs at 480p and 720p (switch_ab.py, 3 rounds, CuTe).
-    # PREDICTION (written before timing): DiT-like novt 5.2-5.3 -> 4.7-5.0 ms (-5 to -11%) at a higher clock, its cycles
-    # within +-5% of the per-list build's (the pacing model, union_pacing_s30_cpu.txt: 111 K vs 114 K at C = 1700);
-    # DiT-like pwt -4 to -9%; random novt 0 to -4% (~12% of tiles shared); the node's random call within +-1%.
-    # RULE: PAIR_SHARE on by default if every share test passes, DiT-like novt and pwt are >= 3% faster in both orders,
-    # random novt and pwt are not slower than 1% in either order, and switch_ab's 480p and 720p medians are not slower than 1%;
-    # then F with PSA_CUTE_PAIR_SHARE=1 before the flip is committed. Else it stays off (and the numbers say which part
-    # of the prediction failed).
-    # first the crafted-list smoke tests (session 9's first shared build hung): a failure or hang ends the phase here
-    run_tests share_smoke 150 -x tests/test_cute_pair_gpu.py -k "shared_exact_tiles_crafted"
-    smoke=$(tail -1 "$OUT/tests_share_smoke.log" 2>/dev/null)
-    if [[ "$smoke" != *passed* || "$smoke" == *failed* || "$smoke" == *error* ]]; then
-        log "U30 stops: the crafted-list smoke tests did not pass (tests_share_smoke.log)"; exit 1
-    fi
-    run_tests share 200 tests/test_cute_pair_gpu.py -k "share and not crafted"
-    for inp in ditlike random; do  # both orders in one process (one compile of each build): "build#2" is the second
-        log "split_clocks $inp"
-        PROBE_INPUTS=$inp PROBE_BUILDS="novt,share:novt,pwt,share:pwt,share:novt,novt,share:pwt,pwt" PROBE_SECONDS=2 \
-            timeout 150 python bench/probes/split_clocks.py > "$OUT/share_clocks_$inp.txt" 2>&1
-        log "split_clocks rc=$? $(grep -c '^32760 ' "$OUT/share_clocks_$inp.txt") rows"
-    done
-    log "switch_ab PSA_CUTE_PAIR_SHARE"
-    PROBE_BACKENDS=cute PROBE_SHAPES=wan14,wan14_720 timeout $((575 - SECONDS)) python bench/probes/switch_ab.py \
-        PSA_CUTE_PAIR_SHARE > "$OUT/share_ab.txt" 2>&1
-    log "switch_ab rc=$?"
-    # the rule in three parts (all three must say on): DiT-like, random, the node's call with the tests
-    decide PSA_CUTE_PAIR_SHARE "$OUT/share_clocks_ditlike.txt" --clocks 0.97
-    decide PSA_CUTE_PAIR_SHARE "$OUT/share_clocks_random.txt" --clocks 1.01
-    decide PSA_CUTE_PAIR_SHARE "$OUT/share_ab.txt" --rows _cute --max-ratio 1.01 --tests "$OUT/tests_share.log"
-    ;;
-Q30)  # session 30 (carry .carry/cs1; ~3 min), for time left after U30: PSA_CUTE_PAIR_Q_PERM again (the pair kernel
-    # reads the caller's query rows through the Morton permutation: no q copy in the node's call). Session 10 measured
-    # it +3% at 480p and -0.3% at 720p, peak 1.79x -> 1.29x q; the statistics, the output path and the pair kernel
-    # have all changed since. PREDICTION: 480p +1 to +3%, 720p within +-1%, peak 1.74x -> ~1.25x q at 480p.
-    # RULE: on by default if its tests pass and the node's call is not slower than 1% at 480p and 720p (medians of
-    # 3 rounds); then F with it on before the flip is committed.
-    run_tests q_perm 150 tests/test_cute_pair_gpu.py -k "query_rows_through_the_permutation or morton_path"
-    PROBE_BACKENDS=cute PROBE_SHAPES=wan14,wan14_720 timeout $((575 - SECONDS)) python bench/probes/switch_ab.py \
-        PSA_CUTE_PAIR_Q_PERM > "$OUT/q_perm_ab.txt" 2>&1
-    log "switch_ab rc=$?"
-    decide PSA_CUTE_PAIR_Q_PERM "$OUT/q_perm_ab.txt" --rows _cute --max-ratio 1.01 --tests "$OUT/tests_q_perm.log"
-    ;;
-M30)  # session 30 (~1.5 min; no carry needed), for time left: what bounds the exact part's tile stream, the L2 or one
-    # SM's intake (bench/probes/l2_ingress.py: persistent TMA streams of 16 KiB tiles on 16 to 264 programs, from an
-    # L2-resident and an HBM buffer, with clocks and power). It decides whether a four-query-block build with TMA
-    # multicast could help random inputs (pieces_h200.md, Session 30). PREDICTION (a guess, to be read against):
-    # bytes per clock per program near 36 at P = 132 and above 50 at P = 16-33 from L2 (the L2 bounds the stream).
-    log "l2_ingress"
-    timeout 240 python bench/probes/l2_ingress.py > "$OUT/l2_ingress.txt" 2>&1
-    log "l2_ingress rc=$? $(grep RESULT "$OUT/l2_ingress.txt" | cut -c1-1500)"
+BW)  # the backward GPU tests (carry .carry/cs1; ~2-3 min): session 31 made them fit an 80 GB card (per-head float64
+    # SDPA, the float64 references one at a time across workers) after 6 of 32 ran out of memory on an H100
+    run_tests bwd $((570 - SECONDS)) tests/test_backward_gpu.py
+    grep -B3 -A25 "^E  " "$OUT/tests_bwd.log" | head -80 >> "$OUT/round.log"
     ;;
 F)  # every forward GPU test under the caller's environment: after defaults flip on several phases' rules, once with
     # all of them on together (e.g. `PSA_CUTE_BIAS_SLACK=1 PSA_STATS_GLUON=0 bash bench/gpu_round.sh F` before the

@@ -74,13 +74,17 @@ PAIR_SHARE_MAX_SEL = 256  # both lists in its shared memory (2 KiB); longer ones
 # consumer passes 0 or 1 tiles before each own one by arithmetic (no list walk in the tile loop, no long-gap path),
 # and it keeps the shipped virtual loop (S_AHEAD_VT: 232,448 bytes of shared memory, the 227 KiB limit). The pacing
 # model (bench/results/union_pacing_s30_cpu.txt) puts it level with the per-list pipelines' cycles (DiT-like 111 K vs
-# 114 K at C = 1700) on ~30% fewer tile loads. Off until bench/gpu_round.sh U30 times it
+# 114 K at C = 1700) on ~30% fewer tile loads. Session 31 (U30, on an H100; share_clocks_*_s31_h100.txt): correct
+# (every share test passed), but DiT-like exact part 5.24 -> 5.32 ms (+1.6%; 8.33 -> 8.86 M cycles at a 5% higher
+# clock), random 5.43 -> 5.80 (+6.9%, +12% cycles), the node's call at 480p +8.7%: off. The consumers coupled through
+# one ring cost more than the loads saved (pieces_h200.md, Session 31)
 # the pair build on the Morton path reading the caller's query rows through the permutation and writing the output
 # through it (fwd_pair.py q_perm: no q copy, no scatter, q's copy no longer in the peak). PSA_CUTE_PAIR_Q_PERM=1/0
 # overrides. Session 10 (cute_pair_q_perm4_s10_h200.txt, as the node calls it, 4 rounds, medians): correct (max
 # diff 0), peak 1.79x -> 1.29x q, but 480p 8.23 vs 7.97 ms (+3%; the gathered query loads), 720p 39.14 vs 39.24: off.
 # Session 22 on today's kernels (switch_pair_q_perm_s22_h200.txt, 3 rounds, medians): 480p 7.598 -> 7.992 ms (+5%),
-# peak 1.74x -> 1.24x q; 720p 36.87 -> 36.54, 0.92x -> 0.67x q: still off
+# peak 1.74x -> 1.24x q; 720p 36.87 -> 36.54, 0.92x -> 0.67x q: still off. Session 31 (H100, Q30,
+# switch_pair_q_perm_s31_h100.txt): 480p 7.416 -> 7.992 (+7.8%), 720p +1.2%: off
 PAIR_Q_PERM = False
 PAIR_VT_STAGES = 3  # its shared virtual-tile stages (cute_pair.py, session 7: 3 fastest at 720p, 2-4 equal at 480p)
 # the pair build's virtual loop with every tile but the last as whole blocks: log2(64) in the bias, no per-column
