@@ -9,8 +9,9 @@ call are laid out:
 
 Prefix/suffix are text (FLUX, FLUX.2, Qwen-Image, MageFlow, Z-Image, HunyuanVideo 1.5, Krea 2, Ideogram 4: in front;
 HunyuanVideo on ComfyUI <= 0.3.x, Lens, JoyImage: text last), pad tokens (Z-Image pads the image to a multiple of
-32 tokens at the end) or, for MiniMax-H3, the whole packed sequence in front of the target video (text, keyframe
-and reference rows, the target audio).
+32 tokens at the end), for MiniMax-H3 the whole packed sequence in front of the target video (text, keyframe
+and reference rows, the target audio), or Wan's extra latent tokens: a Fun model's reference image in front (ref_conv)
+and Bernini's in-context latents behind (ComfyUI 0.33).
 Other self-attention calls of the forward whose length is known (a text refiner, Kandinsky 5's text encoder
 blocks, Z-Image's image refiner, LTX-2's audio stream) are named in `side` so the policy keeps them dense
 without a warning.
@@ -151,7 +152,42 @@ def forward_info(family: str, diffusion_model, args, kwargs) -> ForwardInfo:
     return fn(diffusion_model, x, context, args, kwargs)
 
 
+def _wan_forward_reads(dm, key: str) -> bool:
+    """True when `dm` runs ComfyUI's own WanModel._forward and WanModel.forward_orig (not a subclass's: VACE, HuMo,
+    S2V, Animate, SCAIL ... lay their extra tokens out their own way) and both read the kwarg `key` (0.3.64's
+    forward has no `context_latents`)."""
+    for name in ("_forward", "forward_orig"):
+        fn = getattr(type(dm), name, None)
+        code = getattr(fn, "__code__", None)
+        if getattr(fn, "__qualname__", None) != f"WanModel.{name}" or getattr(fn, "__module__", None) != \
+                "comfy.ldm.wan.model" or code is None or key not in code.co_consts:
+            return False
+    return True
+
+
+def _conv_tokens(conv, shape) -> int | None:
+    """Output positions of a Conv2d/Conv3d (kernel, stride, integer padding, dilation read from the module) over the
+    spatial `shape`; None when its settings are not plain integers."""
+    n = len(shape)
+    vals = []
+    for name in ("kernel_size", "stride", "padding", "dilation"):
+        v = getattr(conv, name, None)
+        v = (v,) * n if isinstance(v, int) else v
+        if not (isinstance(v, (tuple, list)) and len(v) == n and all(isinstance(i, int) for i in v)):
+            return None
+        vals.append(v)
+    out = 1
+    for s, k, st, p, d in zip(shape, *vals):
+        out *= max(0, (int(s) + 2 * p - d * (k - 1) - 1) // st + 1)
+    return out
+
+
 def _wan(dm, x, context, args, kwargs) -> ForwardInfo:
+    # [Fun reference tokens | video grid (t, h, w raster) | Bernini in-context latents' tokens], read only under
+    # WanModel's own forward: with `ref_conv` (Wan2.1 Fun 1.1, Wan2.2 Fun Control) forward_orig puts
+    # ref_conv(reference_latent) ([B, C, H, W], not padded: a Conv2d of kernel = stride = patch) in front; ComfyUI
+    # 0.33 appends each of `context_latents` ([B, C, T, H, W], padded to the patch by _forward, then
+    # patch_embedding) behind. Other subclasses' forwards: 0 extra tokens (their calls stay dense by token count).
     if x.dim() != 5:
         return ForwardInfo("wan", None, 0, f"Wan latent of rank {x.dim()}, expected 5")
     p = _patch(dm, 3, (1, 2, 2))
@@ -160,12 +196,27 @@ def _wan(dm, x, context, args, kwargs) -> ForwardInfo:
     if isinstance(tdc, torch.Tensor):
         t = _ceil_div(t, p[0]) * p[0] + tdc.shape[2]
     grid = _grid((t, x.shape[3], x.shape[4]), p)
-    reason = None
-    if isinstance(context, torch.Tensor) and context.shape[1] == math.prod(grid):
+    reason, n_ref, n_ctx = None, 0, 0
+    ref = kwargs.get("reference_latent")
+    if ref is not None and getattr(dm, "ref_conv", None) is not None and _wan_forward_reads(dm, "reference_latent"):
+        n = _conv_tokens(dm.ref_conv, ref.shape[2:]) if isinstance(ref, torch.Tensor) and ref.dim() == 4 else None
+        if n is None:
+            reason = (f"Wan Fun reference latent {tuple(getattr(ref, 'shape', ()))} or its ref_conv unreadable: its "
+                      f"token count is not read here")
+        n_ref = n or 0
+    lats = kwargs.get("context_latents")
+    if lats is not None and _wan_forward_reads(dm, "context_latents"):
+        if isinstance(lats, (list, tuple)) and all(isinstance(c, torch.Tensor) and c.dim() == 5 for c in lats):
+            n_ctx = sum(math.prod(_grid(c.shape[2:], p)) for c in lats)
+        else:
+            reason = reason or ("Bernini context latents are not a list of 5D latents: their token count is not "
+                                "read here")
+    n_tokens = n_ref + math.prod(grid) + n_ctx
+    if reason is None and isinstance(context, torch.Tensor) and context.shape[1] == n_tokens:
         # old ComfyUI has no block index: self and cross-attention would be indistinguishable
         reason = (f"the text context has as many tokens as the video ({context.shape[1]}); this ComfyUI "
                   f"gives no block index, so self- and cross-attention cannot be told apart")
-    return ForwardInfo("wan", grid, 0, reason)
+    return ForwardInfo("wan", grid, n_ref, reason, n_suffix=n_ctx)
 
 
 def _flux(dm, x, context, args, kwargs) -> ForwardInfo:

@@ -8,8 +8,9 @@ override installed before it as `prev`. Per sampling run it reads, for every att
   a DIFFUSION_MODEL wrapper at the start of every forward);
 - the step (nodes/layout.py): the current sigma against `sample_sigmas` (a pass that starts where the
   previous one left off with leftover noise continues its step count);
-- the token grid: `grid_sizes` in newer ComfyUI (Wan), else the DIFFUSION_MODEL wrapper reads the latent's
-  shape and the text length per model family (nodes/models.py; text in front or behind the latent tokens).
+- the token grid: `grid_sizes` in newer ComfyUI (Wan; the exact tokens around it from the wrapper's reading when its
+  grid agrees), else the DIFFUSION_MODEL wrapper reads the latent's shape and the text length per model family
+  (nodes/models.py; text in front or behind the latent tokens).
 `policy.call_reason` decides; the operator runs with Morton order and the text prefix untouched; every
 other call goes to the previous override or ComfyUI's own attention. An ON_PREPARE_STATE callback and the
 wrapper re-install the override if a later node displaced it without chaining.
@@ -205,6 +206,9 @@ class SparseAttentionOverride:
                 grid = grid_of(to["grid_sizes"])
             except ValueError as e:
                 fwd_reason = f"grid_sizes unreadable ({e})"
+            else:  # grid_sizes is the video's grid alone: the forward's exact tokens around it (Fun reference, Bernini)
+                if info is not None and info.grid == grid:
+                    n_prefix, n_suffix, fwd_reason = info.n_prefix, info.n_suffix, info.reason
         elif info is not None:
             grid, n_prefix, n_suffix, fwd_reason = info.grid, info.n_prefix, info.n_suffix, info.reason
         is_joint = lay.q_len is not None and lay.q_len == lay.k_len
