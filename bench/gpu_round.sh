@@ -3,8 +3,9 @@
 #   carry [".carry/cs1"]    command: bash bench/gpu_round.sh PHASE
 # Session 31 (on an H100: no H200 came) ran U30 (off), F (296 passed), Q30 (off), M30, L and the backward tests
 # (results and decisions in bench/results/pieces_h200.md, Session 31). Pending: the backward GPU tests again
-# (tests/test_backward_gpu.py, changed after they ran out of memory on the 80 GB card: phase BW, ~2-3 min), and an
-# H200 pieces run (L) when an H200 is lent. Sessions 30-31's phases U30, Q30, M30: `git show 9e994e1:bench/gpu_round.sh`.
+# (tests/test_backward_gpu.py, changed after they ran out of memory on the 80 GB card: phase BW, ~2-3 min), an H200
+# pieces run (L) when an H200 is lent, and on an H100 phase BE (its break-even table: the node ships one for the H200
+# only, so on an H100 every call above min_tokens runs sparse, even where dense would be faster). Sessions 30-31's phases U30, Q30, M30: `git show 9e994e1:bench/gpu_round.sh`.
 # Session 29
 # ran B39, E39, CH39 (C39 + H39), G39, D39 and L (results and decisions in
 # bench/results/pieces_h200.md; those phases are in git history: `git show d1b661c:bench/gpu_round.sh`). A new build
@@ -89,6 +90,15 @@ L)  # every piece at 480p, 720p and FLUX.1 with the session-7 defaults, both bac
     timeout ${PIECES_TIMEOUT:-400} python bench/pieces.py --out "$OUT/pieces_l" --morton --flux-node --ditlike \
         --shapes wan14,wan14_720,flux > "$OUT/pieces_l.log" 2>&1
     log "pieces rc=$?"
+    ;;
+BE)  # the break-even table on whatever card this is (carry .carry/cs1; ~4 min): bench/pieces.py --breakeven, installed
+    # into nodes/breakeven_<gpu slug>.json on the device and copied back (commit it beside breakeven_h200.json)
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: Triton only"
+    log "breakeven"
+    timeout -k 5 $((570 - SECONDS)) python bench/pieces.py --out "$OUT/pieces_be" --shapes "" --breakeven \
+        --install-breakeven > "$OUT/pieces_be.log" 2>&1
+    log "breakeven rc=$?"
+    cp nodes/breakeven_*.json "$OUT/" 2>/dev/null
     ;;
 BW)  # the backward GPU tests (carry .carry/cs1; ~2-3 min): session 31 made them fit an 80 GB card (per-head float64
     # SDPA, the float64 references one at a time across workers) after 6 of 32 ran out of memory on an H100
