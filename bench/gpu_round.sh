@@ -5,7 +5,7 @@
 # (results and decisions in bench/results/pieces_h200.md, Session 31). Pending: the backward GPU tests again
 # (tests/test_backward_gpu.py, changed after they ran out of memory on the 80 GB card: phase BW, ~2-3 min), an H200
 # pieces run (L) when an H200 is lent, and on an H100 phase BE (its break-even table: the node ships one for the H200
-# only, so on an H100 every call above min_tokens runs sparse, even where dense would be faster). Sessions 30-31's phases U30, Q30, M30: `git show 9e994e1:bench/gpu_round.sh`.
+# only, so on an H100 every call above min_tokens runs sparse, even where dense would be faster), and G31 (~1.5 min). Sessions 30-31's phases U30, Q30, M30: `git show 9e994e1:bench/gpu_round.sh`.
 # Session 29
 # ran B39, E39, CH39 (C39 + H39), G39, D39 and L (results and decisions in
 # bench/results/pieces_h200.md; those phases are in git history: `git show d1b661c:bench/gpu_round.sh`). A new build
@@ -90,6 +90,20 @@ L)  # every piece at 480p, 720p and FLUX.1 with the session-7 defaults, both bac
     timeout ${PIECES_TIMEOUT:-400} python bench/pieces.py --out "$OUT/pieces_l" --morton --flux-node --ditlike \
         --shapes wan14,wan14_720,flux > "$OUT/pieces_l.log" 2>&1
     log "pieces rc=$?"
+    ;;
+G31)  # session 31 (no carry needed; ~1.5 min): can the exact part's K / V tiles come straight from the caller's raster
+    # layout? A Morton block is 16 runs of 4 W-adjacent tokens (interior 4 x 4 x 4), so a kernel reading it without the
+    # block-order copies (the node path's 1 GB written at 480p, its 1.74x q of scratch) would issue 16 TMA boxes of
+    # [4, 128] per tile instead of one [64, 128]. bench/probes/l2_ingress.py with PROBE_BOX_ROWS 64, 16, 4 from the
+    # L2-resident buffer. PREDICTION (written before the run): R 16 within 5% of R 64's TB/s at P 132 and 264, R 4
+    # 10-30% below (1 KiB requests, 16 issues per tile). RULE for the build: the run-gather loads are worth building
+    # only if R 4 keeps >= 0.9x R 64's TB/s at P 132 and 264 (the exact part's stream must not slow).
+    for r in 64 16 4; do
+        log "l2_ingress box rows $r"
+        PROBE_BOX_ROWS=$r PROBE_BUFFER_MB=16 PROBE_PROGRAMS=66,132,264 timeout 150 python bench/probes/l2_ingress.py \
+            > "$OUT/l2_box$r.txt" 2>&1
+        log "rc=$? $(grep RESULT "$OUT/l2_box$r.txt" | cut -c1-900)"
+    done
     ;;
 BE)  # the break-even table on whatever card this is (carry .carry/cs1; ~4 min): bench/pieces.py --breakeven, installed
     # into nodes/breakeven_<gpu slug>.json on the device and copied back (commit it beside breakeven_h200.json)

@@ -17,6 +17,11 @@ Reading (written before the run): if bytes per clock per program at P = 132 (one
 reads by multicast would help groups of four on random inputs too; if they stay near 36 at every P, one SM's intake
 bounds it, and multicast (every tile into both SMs) cannot help random inputs. Prints one line `RESULT {...}`.
 
+PROBE_BOX_ROWS=R (session 31; default 64) loads each 64-row tile as 64 / R boxes of [R, 128] at scattered rows: the
+pattern of a kernel that would read a Morton block straight from the caller's raster layout (an interior 4 x 4 x 4
+block is 16 runs of 4 tokens adjacent along W) instead of from block-order copies. Session 31 on an H100 (R = 64):
+32-34 bytes per clock per program at P 16-66, 7.4-7.8 TB/s at P 132-264 (bench/results/l2_ingress_s31_h100.txt).
+
     python bench/probes/l2_ingress.py
     TRITON_INTERPRET=1 PROBE_SMOKE=1 python bench/probes/l2_ingress.py     (CPU: the kernel's sums checked, no timing)
 """
@@ -43,43 +48,58 @@ PROGRAMS = [int(p) for p in os.environ.get("PROBE_PROGRAMS", "16,33,66,132,264")
 ITERS = int(os.environ.get("PROBE_ITERS", "4096"))
 STAGES = int(os.environ.get("PROBE_STAGES", "4"))
 BUFFERS_MB = [int(b) for b in os.environ.get("PROBE_BUFFER_MB", "16,2048").split(",")]
+BOX_ROWS = int(os.environ.get("PROBE_BOX_ROWS", "64"))
 SECONDS = float(os.environ.get("PROBE_SECONDS", "2"))
 BM, BD = 64, 128  # one K or V tile of the pair kernel
 
 
 @triton.jit
-def _stream_kernel(desc, OUT, n_tiles, iters, BM: tl.constexpr, BD: tl.constexpr, STAGES: tl.constexpr):
+def _stream_kernel(desc, OUT, n_tiles, iters, BM: tl.constexpr, BD: tl.constexpr, STAGES: tl.constexpr,
+                   R: tl.constexpr):
     pid = tl.program_id(0)
-    acc = tl.zeros([BM, BD], dtype=tl.float32)
+    acc = tl.zeros([R, BD], dtype=tl.float32)
     for i in tl.range(0, iters, num_stages=STAGES):
         t = (pid * 7919 + i * 131) % n_tiles  # scattered, every program its own walk
-        acc += desc.load([t * BM, 0]).to(tl.float32)
+        for j in tl.static_range(BM // R):  # R = BM: the whole tile in one box
+            # box j of tile t: R rows at a scattered offset (a run of a Morton block, R rows apart from the last)
+            acc += desc.load([((t + j * 977) % n_tiles) * BM + ((j * 5) % (BM // R)) * R, 0]).to(tl.float32)
     tl.store(OUT + pid, tl.sum(tl.sum(acc, axis=1), axis=0))
 
 
-def run(buf, programs, iters):
+def _rows(n_tiles, p, i, j, r):
+    """The first row of box j of program p's tile i (the kernel's walk)."""
+    t = (p * 7919 + i * 131) % n_tiles
+    return ((t + j * 977) % n_tiles) * BM + ((j * 5) % (BM // r)) * r
+
+
+def run(buf, programs, iters, r=None):
+    r = BOX_ROWS if r is None else r
+    assert BM % r == 0, f"PROBE_BOX_ROWS={r} must divide {BM}"
     out = torch.empty(programs, device=buf.device, dtype=torch.float32)
-    desc = TensorDescriptor(buf, list(buf.shape), list(buf.stride()), [BM, BD])
-    _stream_kernel[(programs,)](desc, out, buf.shape[0] // BM, iters, BM=BM, BD=BD, STAGES=STAGES, num_warps=4)
+    desc = TensorDescriptor(buf, list(buf.shape), list(buf.stride()), [r, BD])
+    _stream_kernel[(programs,)](desc, out, buf.shape[0] // BM, iters, BM=BM, BD=BD, STAGES=STAGES, R=r, num_warps=4)
     return out
 
 
 def smoke():
-    """CPU (interpreter): each program's sum equals the sum of the tiles its walk reads."""
+    """CPU (interpreter): each program's sum equals the sum of the boxes its walk reads (whole tiles, and 16 boxes
+    of 4 rows per tile)."""
     buf = torch.randn(8 * BM, BD).to(torch.bfloat16)
-    out = run(buf, 3, 5)
     n = buf.shape[0] // BM
-    for p in range(3):
-        want = sum(buf[((p * 7919 + i * 131) % n) * BM:][:BM].float().sum() for i in range(5))
-        assert abs(float(out[p]) - float(want)) <= 1e-2 * (1 + abs(float(want))), (p, float(out[p]), float(want))
-    print("RESULT " + json.dumps({"smoke": "ok", "programs": 3, "iters": 5}))
+    for r in (BM, 4):
+        out = run(buf, 3, 5, r)
+        for p in range(3):
+            want = sum(buf[_rows(n, p, i, j, r):][:r].float().sum() for i in range(5) for j in range(BM // r))
+            assert abs(float(out[p]) - float(want)) <= 1e-2 * (1 + abs(float(want))), (r, p, float(out[p]),
+                                                                                          float(want))
+    print("RESULT " + json.dumps({"smoke": "ok", "programs": 3, "iters": 5, "box_rows": [BM, 4]}))
 
 
 def main():
     from clocks import sampler, samples
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "sms": torch.cuda.get_device_properties(0).multi_processor_count, "tile_bytes": BM * BD * 2,
-           "iters": ITERS, "stages": STAGES}
+           "iters": ITERS, "stages": STAGES, "box_rows": BOX_ROWS}
     path = tempfile.NamedTemporaryFile(suffix=".csv", delete=False).name
     proc = sampler(path)
     for mb in BUFFERS_MB:
