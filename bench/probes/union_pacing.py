@@ -36,29 +36,42 @@ HEADS = 4
 PAIRS = 120  # sampled pairs of adjacent query blocks per input kind
 
 
-def simulate(rings, consumers, tau, lam, C, p, issue=20.0):
-    """Finish time of one CTA. rings: [(slots, [set of consumers that release tile i, ...])]; consumers: each a list
-    of (ring, tile, own) in the order it takes them. Discrete events in time order (one load server, FIFO)."""
+def simulate(rings, consumers, tau, lam, C, p, issue=20.0, work=None):
+    """Finish time of one CTA. rings: [(slots, [set of consumers that release tile i, ...])] or (slots, tiles, gate)
+    with gate {i: (ring, tile)}: tile i of this ring also waits until that tile of another ring is released by all
+    of its consumers (a slot two rings share: bench/probes/union_coupling.py); consumers: each a list of (ring,
+    tile, own) in the order it takes them; work(c, k): cycles of consumer c's k-th own tile (default C). Discrete
+    events in time order (one load server, FIFO)."""
     land = [dict() for _ in rings]
     rel = [dict() for _ in rings]
     prod = [0.0] * len(rings)
     nxt = [0] * len(rings)
     pos = [0] * len(consumers)
+    own_done = [0] * len(consumers)
     ct = [0.0] * len(consumers)
     last = -1e18
     end = 0.0
     while True:
         ev = []
-        for r, (slots, tiles) in enumerate(rings):
+        for r, ring in enumerate(rings):
+            slots, tiles = ring[0], ring[1]
+            gate = ring[2] if len(ring) > 2 else {}
             i = nxt[r]
             if i >= len(tiles):
                 continue
+            t0 = prod[r]
+            if i in gate:
+                gr, gi = gate[i]
+                got = rel[gr].get(gi, {})
+                if not rings[gr][1][gi] <= set(got):
+                    continue
+                t0 = max([t0] + [got[c] for c in rings[gr][1][gi]])
             if i < slots:
-                ev.append((prod[r], 0, r))
+                ev.append((t0, 0, r))
                 continue
             got = rel[r].get(i - slots, {})
             if tiles[i - slots] <= set(got):
-                ev.append((max([prod[r]] + [got[c] for c in tiles[i - slots]]), 0, r))
+                ev.append((max([t0] + [got[c] for c in tiles[i - slots]]), 0, r))
         for c, seq in enumerate(consumers):
             if pos[c] < len(seq) and seq[pos[c]][1] in land[seq[pos[c]][0]]:
                 r, i, _ = seq[pos[c]]
@@ -73,7 +86,8 @@ def simulate(rings, consumers, tau, lam, C, p, issue=20.0):
             prod[a] = t + issue
         else:
             r, i, own = consumers[a][pos[a]]
-            ct[a] = t + (C if own else p)
+            ct[a] = t + ((C if work is None else work(a, own_done[a])) if own else p)
+            own_done[a] += bool(own)
             rel[r].setdefault(i, {})[a] = ct[a]
             pos[a] += 1
             end = max(end, ct[a])

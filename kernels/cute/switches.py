@@ -76,8 +76,9 @@ PAIR_SHARE_MAX_SEL = 256  # both lists in its shared memory (2 KiB); longer ones
 # model (bench/results/union_pacing_s30_cpu.txt) puts it level with the per-list pipelines' cycles (DiT-like 111 K vs
 # 114 K at C = 1700) on ~30% fewer tile loads. Session 31 (U30, on an H100; share_clocks_*_s31_h100.txt): correct
 # (every share test passed), but DiT-like exact part 5.24 -> 5.32 ms (+1.6%; 8.33 -> 8.86 M cycles at a 5% higher
-# clock), random 5.43 -> 5.80 (+6.9%, +12% cycles), the node's call at 480p +8.7%: off. The consumers coupled through
-# one ring cost more than the loads saved (pieces_h200.md, Session 31)
+# clock), random 5.43 -> 5.80 (+6.9%, +12% cycles), the node's call at 480p +8.7%: off. A CPU model fits both ratios
+# with ~300 cycles per passed tile of the other list and +4% per own tile (bench/probes/union_coupling.py,
+# pieces_h200.md Session 31): the passes, not the sharing, cost the gain
 # the pair build on the Morton path reading the caller's query rows through the permutation and writing the output
 # through it (fwd_pair.py q_perm: no q copy, no scatter, q's copy no longer in the peak). PSA_CUTE_PAIR_Q_PERM=1/0
 # overrides. Session 10 (cute_pair_q_perm4_s10_h200.txt, as the node calls it, 4 rounds, medians): correct (max
