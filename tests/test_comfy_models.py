@@ -260,17 +260,22 @@ def test_sparse_exactly_on_joint_self_attention_with_text_tokens_exact(name, dec
             assert c["reorder"] == "morton" and tuple(c["grid"]) == case.grid and c["n_prefix"] == case.n_text
 
 
+def check_density_one(mp, sample, knobs=KNOBS):
+    """At density 1 every block is exact: sampling equals dense sampling (layout, permutation and Morton handling are
+    exact), while density 0.1 does change it. `sample(model)` runs one short sampling."""
+    dense = sample(patch.apply_piecewise_sparse_attention(mp, variant="off"))
+    every = dict(knobs, dense_steps=0, dense_blocks=())
+    full = sample(patch.apply_piecewise_sparse_attention(mp, **dict(every, density=1.0)))
+    sparse = sample(patch.apply_piecewise_sparse_attention(mp, **dict(every, density=0.1)))
+    scale = dense.norm()
+    assert float((full - dense).norm() / scale) < 1e-4
+    assert float((sparse - dense).norm() / scale) > 1e-4
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_density_one_reproduces_dense_sampling(name):
     case = CASES[name]
-    mp = _patcher(case)
-    dense = _sample(patch.apply_piecewise_sparse_attention(mp, variant="off"), case, steps=2)
-    every = dict(KNOBS, dense_steps=0, dense_blocks=())
-    full = _sample(patch.apply_piecewise_sparse_attention(mp, **dict(every, density=1.0)), case, steps=2)
-    sparse = _sample(patch.apply_piecewise_sparse_attention(mp, **dict(every, density=0.1)), case, steps=2)
-    scale = dense.norm()
-    assert float((full - dense).norm() / scale) < 1e-4  # layout, permutation and Morton handling are exact
-    assert float((sparse - dense).norm() / scale) > 1e-4  # and the sparse run did change attention
+    check_density_one(_patcher(case), lambda m: _sample(m, case, steps=2))
 
 
 PADDED = torch.cat([torch.ones(1, TXT - 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long)], dim=1)
