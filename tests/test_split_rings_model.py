@@ -18,7 +18,7 @@ import random
 import pytest
 
 from test_pair_share_schedule import CASES, _lists
-from test_union_barrier_model import Barrier, Stale
+from test_union_barrier_model import Barrier, interleave
 
 S = 4  # fwd_pair.KV_STAGES: slots per ring
 
@@ -50,7 +50,7 @@ def _producer(r, blocks, full, empty):
             yield ("tma", full[r][s], (r, s), (r, load))
 
 
-def _consumer(seq, full):
+def _consumer(seq, full, empty):
     def wait(r, load):
         return ("wait", full[r][load % S], (load // S) & 1)
 
@@ -58,15 +58,15 @@ def _consumer(seq, full):
     for r, kload, units, _ in seq:
         yield wait(r, kload)
         yield ("use", (r, kload % S), (r, kload))
-        yield ("release", r, kload, units)
+        yield ("arrive", empty[r][kload % S], units)
         if held is not None:
             yield ("use", (held[0], held[1] % S), (held[0], held[1]))
-            yield ("release", *held)
+            yield ("arrive", empty[held[0]][held[1] % S], held[2])
         yield wait(r, kload + 1)
         held = (r, kload + 1, units)
     if held is not None:
         yield ("use", (held[0], held[1] % S), (held[0], held[1]))
-        yield ("release", *held)
+        yield ("arrive", empty[held[0]][held[1] % S], held[2])
 
 
 def simulate(a, b, seed, lag=0.0, shared_units=1):
@@ -76,44 +76,9 @@ def simulate(a, b, seed, lag=0.0, shared_units=1):
     rings, seqs = _plan(a, b, shared_units)
     full = [[Barrier(1) for _ in range(S)] for _ in range(2)]
     empty = [[Barrier(2) for _ in range(S)] for _ in range(2)]
-    data = {}
     agents = [_producer(0, rings[0], full, empty), _producer(1, rings[1], full, empty),
-              _consumer(seqs[0], full), _consumer(seqs[1], full)]
-    nxt = [next(g, None) for g in agents]
-    inflight = []
-    used = [[], []]
-    rng = random.Random(seed)
-    while True:
-        moves = [("tma", i) for i in range(len(inflight))]
-        for x, op in enumerate(nxt):
-            if op is not None and (op[0] != "wait" or op[1].done(op[2])):
-                moves.append(("agent", x))
-        if not moves:
-            break
-        if lag and len(moves) > 1 and rng.random() < lag:
-            moves = [mv for mv in moves if mv != ("agent", 2)]
-        kind, x = rng.choice(moves)
-        if kind == "tma":
-            bar, slot, what = inflight.pop(x)
-            data[slot] = what
-            bar.complete_tx(1)
-            continue
-        op = nxt[x]
-        if op[0] == "tma":
-            bar, slot, what = op[1:]
-            data[slot] = ("in flight", what)
-            bar.expect_tx(1)
-            inflight.append((bar, slot, what))
-        elif op[0] == "release":
-            _, r, load, units = op
-            empty[r][load % S].arrive(units)
-        elif op[0] == "use":
-            if data.get(op[1]) != op[2]:
-                raise Stale(f"consumer {x - 2} read slot {op[1]} for {op[2]}: it holds {data.get(op[1])}")
-            used[x - 2].append(op[2])
-        nxt[x] = next(agents[x], None)
-    assert nxt == [None] * 4, f"deadlock: producers / consumers at {nxt}"
-    return used
+              _consumer(seqs[0], full, empty), _consumer(seqs[1], full, empty)]
+    return interleave(agents, 2, seed, lag)
 
 
 def _check(a, b, seed, lag=0.0):

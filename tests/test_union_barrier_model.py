@@ -140,11 +140,20 @@ def simulate(a, b, proto, seed, gap_max=S - 1, lag=0.0, order="merge"):
     union = _union(a, b, order)
     full = [[Barrier(1) for _ in range(R)] for _ in range(3)]
     empty = [Barrier(2) for _ in range(R)]
-    data = [None] * R
     agents = [_producer(union, proto, full, empty), _consumer(0, union, proto, full, empty, gap_max),
               _consumer(1, union, proto, full, empty, gap_max)]
+    return interleave(agents, 1, seed, lag)
+
+
+def interleave(agents, n_producers, seed, lag=0.0):
+    """Runs agents (generators of ("wait", barrier, parity), ("tma", barrier, slot, what), ("arrive", barrier, n),
+    ("use", slot, what)): the producers first, then consumer 0 and 1, and the TMA loads in flight, one random move
+    at a time (`lag`: the probability that consumer 0 sits out a move while anything else can go). Returns what each
+    consumer used; raises Stale on a read of a slot that does not hold its tile, AssertionError on a deadlock. Also
+    the driver of tests/test_split_rings_model.py."""
     nxt = [next(g, None) for g in agents]
-    inflight = []  # (barrier, slot, position)
+    data = {}  # slot -> what it holds
+    inflight = []  # (barrier, slot, what)
     used = [[], []]
     rng = random.Random(seed)
     while True:
@@ -155,27 +164,27 @@ def simulate(a, b, proto, seed, gap_max=S - 1, lag=0.0, order="merge"):
         if not moves:
             break
         if lag and len(moves) > 1 and rng.random() < lag:
-            moves = [m for m in moves if m != ("agent", 1)]
+            moves = [m for m in moves if m != ("agent", n_producers)]
         kind, x = rng.choice(moves)
         if kind == "tma":
-            bar, s, p = inflight.pop(x)
-            data[s] = p
+            bar, slot, what = inflight.pop(x)
+            data[slot] = what
             bar.complete_tx(1)
             continue
         op = nxt[x]
         if op[0] == "tma":
-            bar, s, p = op[1:]
-            data[s] = ("in flight", p)
+            bar, slot, what = op[1:]
+            data[slot] = ("in flight", what)
             bar.expect_tx(1)
-            inflight.append((bar, s, p))
+            inflight.append((bar, slot, what))
         elif op[0] == "arrive":
             op[1].arrive(op[2])
         elif op[0] == "use":
-            if data[op[1]] != op[2]:
-                raise Stale(f"consumer {x - 1} read slot {op[1]} for position {op[2]}: it holds {data[op[1]]}")
-            used[x - 1].append(op[2])
+            if data.get(op[1]) != op[2]:
+                raise Stale(f"consumer {x - n_producers} read slot {op[1]} for {op[2]}: it holds {data.get(op[1])}")
+            used[x - n_producers].append(op[2])
         nxt[x] = next(agents[x], None)
-    assert nxt == [None, None, None], f"deadlock: producer / consumers at {nxt}"
+    assert nxt == [None] * len(agents), f"deadlock: producers / consumers at {nxt}"
     return used
 
 
