@@ -1,6 +1,7 @@
 # H200 device calls, one phase per call, run from the repository root with the cutlass-dsl site and ComfyUI's comfy/
 # files carried in one archive (bench/install_cute_site.sh unpacks it):
 #   carry [".carry/cs1"]    command: bash bench/gpu_round.sh PHASE
+# Session 32: U32 (the split rings, PSA_CUTE_PAIR_SHARE, built on the CPU; ~8-9 min) first, then BW and G31.
 # Session 31 (on an H100: no H200 came) ran U30 (off), F (296 passed), Q30 (off), M30, L and the backward tests
 # (results and decisions in bench/results/pieces_h200.md, Session 31). Pending: the backward GPU tests again
 # (tests/test_backward_gpu.py, changed after they ran out of memory on the 80 GB card: phase BW, ~2-3 min), an H200
@@ -90,6 +91,44 @@ L)  # every piece at 480p, 720p and FLUX.1 with the session-7 defaults, both bac
     timeout ${PIECES_TIMEOUT:-400} python bench/pieces.py --out "$OUT/pieces_l" --morton --flux-node --ditlike \
         --shapes wan14,wan14_720,flux > "$OUT/pieces_l.log" 2>&1
     log "pieces rc=$?"
+    ;;
+U32)  # session 32 (carry .carry/cs1; ~8-9 min): the pair kernel's "split rings" shared exact tiles (PSA_CUTE_PAIR_SHARE,
+    # fwd_pair.py / pair_sched._produce_rings, _ring_wait: a block both lists hold loaded once, into ring r when its
+    # rank among the shared blocks has parity r; each consumer takes the shared tiles from both rings, then its own ones
+    # from its ring, stage and phase in closed form; a shared slot frees on count-1 arrivals of both consumers, an own
+    # one on count-2 arrivals of its consumer: no tile of the other list is ever waited for or released). It replaces
+    # session 30's split order (one ring over the union, off in session 31: its passes cost ~300 cycles each). Built
+    # and compiled on the CPU only (sm_90a: 168 registers, no spills, 232,448 bytes of shared memory with S_AHEAD_VT).
+    # Steps as U30: the crafted-list tests as a smoke run (the phase stops if they fail or hang), every other share
+    # test, split_clocks.py (exact part alone and pwt, per list vs shared, both build orders) on DiT-like Morton
+    # inputs and on random ones at 480p, the node's call (switch_ab.py, 3 rounds, CuTe) at 480p and 720p.
+    # PREDICTION (written before timing, pieces_h200.md Session 31's model): DiT-like novt -3 to -7% (cycles 0.97-0.98x
+    # the per-list build's, plus a clock gain from ~30% fewer loads), pwt -2 to -6%; random novt 0 to -2%; the node's
+    # random call within +-1%.
+    # RULE (U30's): PAIR_SHARE on by default if every share test passes, DiT-like novt and pwt are >= 3% faster in
+    # both orders, random novt and pwt are not slower than 1% in either order, and switch_ab's 480p and 720p medians
+    # are not slower than 1%; then F with PSA_CUTE_PAIR_SHARE=1 before the flip is committed. Else it stays off.
+    run_tests share_smoke 150 -x tests/test_cute_pair_gpu.py -k "shared_exact_tiles_crafted"
+    smoke=$(tail -1 "$OUT/tests_share_smoke.log" 2>/dev/null)
+    if [[ "$smoke" != *passed* || "$smoke" == *failed* || "$smoke" == *error* ]]; then
+        log "U32 stops: the crafted-list smoke tests did not pass (tests_share_smoke.log)"
+        grep -B3 -A25 "^E  " "$OUT/tests_share_smoke.log" | head -60 >> "$OUT/round.log"; exit 1
+    fi
+    run_tests share 200 tests/test_cute_pair_gpu.py -k "share and not crafted"
+    for inp in ditlike random; do  # both orders in one process (one compile of each build): "build#2" is the second
+        log "split_clocks $inp"
+        PROBE_INPUTS=$inp PROBE_BUILDS="novt,share:novt,pwt,share:pwt,share:novt,novt,share:pwt,pwt" PROBE_SECONDS=2 \
+            timeout 150 python bench/probes/split_clocks.py > "$OUT/share_clocks_$inp.txt" 2>&1
+        log "split_clocks rc=$? $(grep -c '^32760 ' "$OUT/share_clocks_$inp.txt") rows"
+    done
+    log "switch_ab PSA_CUTE_PAIR_SHARE"
+    PROBE_BACKENDS=cute PROBE_SHAPES=wan14,wan14_720 timeout $((575 - SECONDS)) python bench/probes/switch_ab.py \
+        PSA_CUTE_PAIR_SHARE > "$OUT/share_ab.txt" 2>&1
+    log "switch_ab rc=$?"
+    # the rule in three parts (all three must say on): DiT-like, random, the node's call with the tests
+    decide PSA_CUTE_PAIR_SHARE "$OUT/share_clocks_ditlike.txt" --clocks 0.97
+    decide PSA_CUTE_PAIR_SHARE "$OUT/share_clocks_random.txt" --clocks 1.01
+    decide PSA_CUTE_PAIR_SHARE "$OUT/share_ab.txt" --rows _cute --max-ratio 1.01 --tests "$OUT/tests_share.log"
     ;;
 G31)  # session 31 (no carry needed; ~1.5 min): can the exact part's K / V tiles come straight from the caller's raster
     # layout? A Morton block is 16 runs of 4 W-adjacent tokens (interior 4 x 4 x 4), so a kernel reading it without the

@@ -152,7 +152,7 @@ builds.append(("pisa/pwt pair recip out_perm pv_fence s_ahead_vt",
 builds.append(("pisa/pwt pair recip tma_store pv_fence s_ahead_vt bias_slack",
                lambda: FP.PairFwdSm90(4, 4, D, "", True, pv_fence=True, s_ahead_vt=True, tma_store=True,
                                       bias_slack=True), vb, 168))
-# the shipped pair build with one exact pipeline over the union of both lists in split order (share, session 30)
+# the shipped pair build with the blocks both lists hold loaded once, the split rings (share, session 32)
 builds.append(("pisa/pwt pair recip share tma_store pv_fence s_ahead_vt",
                lambda: FP.PairFwdSm90(4, 4, D, "", True, share=True, pv_fence=True, s_ahead_vt=True, tma_store=True),
                vb, 168))

@@ -135,12 +135,13 @@ def test_query_fragment_holds_column_pairs_of_one_row(res):
     assert r["checked"] == 128 and r["bad"] == [], r
 
 
-def test_shared_exact_pipeline_tracks_its_state_across_passes(res):
-    """The shared exact pipeline (fwd_pair share=True) waits for the other list's tiles in a dynamic loop before a
-    consumer's first own tile, so that tile's wait is on a run-time slot. The first build kept the consumer's
-    state from before that loop (the DSL carries a loop's state in a new object, bound to the helper's own name):
-    its first own wait was on slot 0, phase 0, a constant, and the kernel hung on the H200 (session 9). The one-list
-    build waits on slot 0 there, so the shared build has one constant-parity wait fewer."""
+def test_shared_exact_tiles_wait_on_run_time_phases(res):
+    """The shared exact tiles (fwd_pair share=True) are waited for on run-time barriers: the split rings
+    (session 32, pair_sched._ring_wait) compute each tile's ring, stage and phase from the tile's rank, so even the
+    first exact wait is on a run-time slot and parity, where the one-list build waits on slot 0, phase 0. The
+    shared build therefore has exactly one constant-parity wait fewer; more would mean a wait whose phase stopped
+    following the ring (session 9's first shared build kept a pipeline's state from before a dynamic loop, waited
+    on slot 0, phase 0, a constant, and hung on the H200)."""
     for suffix in ("", " q_perm"):
         own, share = res["pisa/pwt pair recip" + suffix], res["pisa/pwt pair recip share" + suffix]
         assert "const_parity_waits" in own and "const_parity_waits" in share, (own, share)

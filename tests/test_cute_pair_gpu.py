@@ -11,8 +11,9 @@ shared-pipeline tests were written after that run. Session 17 (2026-12-03): ever
 H200 but the q_perm test's cache-key check (fixed after that run), the ping-pong tests among them. Session 18: every
 test of this file passed (P18), and the tree-reduction tests (T18). Session 19: every test of this file passed with
 PV_FENCE, PV_FENCE_VT and S_AHEAD on (A19), and with the defaults (PV_FENCE on); the PV_PIN arm and the pinned
-PV_FENCE_VT / S_AHEAD forms were written after that session's last run. The shared pipeline's split order (session
-30) and its tolerance (SHARE_TOL) were written without a GPU: bench/gpu_round.sh U30 runs them first."""
+PV_FENCE_VT / S_AHEAD forms were written after that session's last run. The shared exact tiles' split order (session
+30) passed every share test on an H100 in session 31 (U30); its successor, the split rings (session 32), was written
+without a GPU: bench/gpu_round.sh U32 runs these tests first."""
 import pytest
 import torch
 
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.gpu
 
 REF_TOL = 3e-3
 SAME_TOL = 1e-5  # pair vs one-block kernel: the same operations per query block
-# shared exact pipeline vs a pipeline per list: the split order (fwd_pair.py) changes the order of each query block's
+# shared exact tiles vs a pipeline per list: the shared tiles first (fwd_pair.py) changes the order of each query block's
 # tiles, so the online softmax rounds its bfloat16 P differently (bench/probes/order_rounding.py, a CPU emulation of 40
 # random tiles reordered: ~1.8e-3 relative L2 apart, each ~1.5e-3 from float64)
 SHARE_TOL = 4e-3
@@ -123,8 +124,8 @@ def test_pair_own_routing_and_dit_like(monkeypatch):
 
 
 def _share_check(q, k, v, cfg, monkeypatch, routing=None):
-    """The pair kernel with one exact pipeline over the union of the two lists (PSA_CUTE_PAIR_SHARE) against the
-    same kernel with a pipeline per list: each query block computes the same tiles (in split order, so up to the
+    """The pair kernel with the blocks both lists hold loaded once (PSA_CUTE_PAIR_SHARE, the split rings) against the
+    same kernel with a pipeline per list: each query block computes the same tiles (shared ones first, so up to the
     rounding order, SHARE_TOL); and against the float64 reference under the same routing, no less accurate than the
     per-list pipelines."""
     from kernels import reference
@@ -163,8 +164,9 @@ def test_pair_shared_exact_tiles_dit_like_band_zero_sinks_density_one(monkeypatc
 
 
 # crafted lists for the 16 query blocks of T 1000 (query block i: even / odd): disjoint, identical, one empty, unequal
-# lengths, the partial last block 15 shared or not (written for the sorted merge's gaps below, at and above its
-# hold-over limit; the split order passes 0 or 1 tiles at a time, and these cover its counts' corner cases)
+# lengths, the partial last block 15 shared or not (written for the sorted merge's gaps, at and above its hold-over
+# limit). The split rings (session 32) add: every block shared, wrapping both rings 4 times in the shared phase; an odd
+# number shared (3: ring 0 takes 2, ring 1 one) with unequal own tails; one shared block, then own ones
 CRAFTED = {
     "disjoint": (lambda i: range(0, 6), lambda i: range(10, 16)),
     "identical": (lambda i: (0, 3, 7, 15), lambda i: (0, 3, 7, 15)),
@@ -173,6 +175,9 @@ CRAFTED = {
     "interleaved": (lambda i: range(0, 16, 2), lambda i: range(1, 16, 2)),
     "one_list_empty": (lambda i: range(0, 8), lambda i: ()),
     "shifted": (lambda i: (i, (i + 5) % 16), lambda i: (i, (i + 9) % 16, (i + 11) % 16)),
+    "all_shared_long": (lambda i: range(0, 16), lambda i: range(0, 16)),
+    "three_shared_unequal_tails": (lambda i: (0, 1, 2, 4, 6, 8, 10, 12, 14, 15), lambda i: (0, 1, 2, 3)),
+    "one_shared": (lambda i: (5, 6, 7, 8, 9), lambda i: (5, 10, 11, 12, 13, 14, 15)),
 }
 
 
@@ -221,7 +226,7 @@ def test_pair_on_the_morton_path_as_the_node_calls_it(share, monkeypatch):
     out = psa(q, k, v, density=0.125, variant="pwt", reorder="morton", grid=grid, n_prefix=npre, backend="cute",
               on_failure="raise")
     assert torch.isfinite(out).all()
-    # the pair kernel's reciprocal epilogue: a bf16 unit here and there; the shared pipeline's split order: SHARE_TOL
+    # the pair kernel's reciprocal epilogue: a bf16 unit here and there; the shared tiles' order: SHARE_TOL
     assert rel(out, sep) <= (1e-3 if share == "0" else SHARE_TOL)
 
 

@@ -5,9 +5,11 @@ other list (longer gaps: that P V first). The virtual-token pipeline (k-bar / va
 tiles) is shared by both consumers too, and a consumer passes over the union's blocks after its last own one right
 after its boundary step (before it can block on that pipeline).
 
-The union comes in one of two orders: "split", the kernel's since session 30 (pair_sched._produce_split: the blocks
-both lists hold, then the two lists' own blocks alternating, the longer list's rest), whose gaps the kernel computes
-by arithmetic (pair_sched._ugap, _upos, mirrored here and checked against the order itself), and "merge", the sorted
+The union comes in one of two orders: "split", the kernel's in sessions 30-31 (pair_sched._produce_split: the blocks
+both lists hold, then the two lists' own blocks alternating, the longer list's rest), whose gaps the kernel computed
+by arithmetic (pair_sched._ugap, _upos, mirrored here and checked against the order itself; measured slower than the
+per-list pipelines on an H100 in session 31 and replaced by the split rings in session 32, test_split_rings_model.py;
+the code: `git show bb41039:kernels/cute/pair_sched.py`), and "merge", the sorted
 merge the kernel used before, kept because its long gaps exercise the hold-over limit. The model runs the kernel's
 order of waits and releases under random interleavings: no deadlock, every consumer computes exactly its own blocks
 in the order's sequence, every slot is released by both before it is filled again. A rule that breaks the protocol
@@ -193,6 +195,10 @@ CASES = {
     "one_list_empty": (list(range(0, 8)), []),
     "both_empty": ([], []),
     "one_block_each": ([5], [9]),
+    # (session 32, for the split rings: both rings wrap in the shared phase; an odd shared count; one shared block)
+    "all_shared_long": (list(range(16)), list(range(16))),
+    "three_shared_unequal_tails": ([0, 1, 2, 4, 6, 8, 10, 12, 14, 15], [0, 1, 2, 3]),
+    "one_shared": ([5, 6, 7, 8, 9], [5, 10, 11, 12, 13, 14, 15]),
 }
 
 

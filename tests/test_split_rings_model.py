@@ -1,10 +1,12 @@
-"""The split-rings shared exact pipeline (designed in session 31, bench/results/pieces_h200.md "Session 31"; not built)
+"""The split-rings shared exact tiles (designed in session 31, bench/results/pieces_h200.md "Session 31"; built in
+session 32: kernels/cute/pair_sched.py _produce_rings, _ring_wait, _ring_arrive)
 modelled down to its mbarriers on the CPU, with test_union_barrier_model.py's Barrier (phase and arrival counts,
 transaction bytes, `try_wait.parity` as the hardware does it) and TMA loads that land in any order.
 
 The design keeps the pair kernel's two per-list rings of S slots (producer warp r fills ring r; each empty barrier
-counts 2 units: a consumer warpgroup's release of its own tile is both units, count-2 arrivals after its 128 threads
-synced). The m blocks both lists hold go first, shared rank u into ring u % 2, then each ring's own list's other
+counts 2 units: a consumer warpgroup's release of its own tile is both units; in the kernel each empty barrier counts
+8 arrivals, one per consumer warp and unit: 2 from each of the 4 warps for an own tile, 1 each for a shared one, so
+no warp waits for the other three). The m blocks both lists hold go first, shared rank u into ring u % 2, then each ring's own list's other
 blocks. A consumer takes the shared tiles u = 0 .. m - 1 from ring u % 2 (their loads 2 (u // 2) and + 1: stage and
 parity in closed form), releasing one unit each, then its own tiles from its own ring after the 2 ceil((m - c) / 2)
 shared loads there. No consumer ever waits for or releases a tile it does not compute, and none skips a load of a

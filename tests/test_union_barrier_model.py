@@ -4,8 +4,9 @@ returns once the barrier's current phase parity differs from P), and TMA loads t
 (bench/results/pieces_h200.md) measured today's protocol spending more joules than the per-list pipelines it should
 beat, and worked out on paper why the cheaper protocols one would try next break. This model checks those claims:
 
-* `today`: one full barrier per slot; both consumers wait for and release every union slot (the kernel as built), in
-  the kernel's split order (session 30) or the sorted merge it used before;
+* `today`: one full barrier per slot; both consumers wait for and release every union slot (the kernel as built in
+  sessions 9-31), in the split order (sessions 30-31) or the sorted merge it used before (the kernel now: the split
+  rings, test_split_rings_model.py);
 * `skip`: the producer arrives on a slot's empty barrier for the consumer that does not need its tile, and each
   consumer waits only for its own tiles: a wait two phases behind returns at once, so a consumer can read a slot
   its tile has not reached (a stale read), or wait for a phase that needs its own release (a deadlock);

@@ -6,8 +6,8 @@ value-mean tiles (all N block means), 256 KB per query block at Wan2.1-14B 480p,
 streams them again. Here a CTA holds two adjacent query blocks, one consumer warpgroup each, and the virtual
 tiles (and the two H-bar tiles) come through one pipeline that both consume: that stream halves, with no
 condition on the inputs. The exact tiles keep one pipeline per consumer, loaded by its own producer warp, so
-the exact part is the same per-query-block stream as fwd.py; or (share=True, PSA_CUTE_PAIR_SHARE) one pipeline
-of 2 x kv_stages slots over the union of the two lists, so a block both hold is loaded once (see below).
+the exact part is the same per-query-block stream as fwd.py; with share=True (PSA_CUTE_PAIR_SHARE) a block both
+lists hold is loaded once, into one of the two rings (see below).
 
 CTA = 3 warpgroups (384 threads, one per SM, 208 KiB of shared memory at 4 exact stages per consumer + 3 shared):
   * warpgroup 0 (24 registers): warp 0 loads Q and the routed K/V tiles of query block 2p, warp 1 those of
@@ -24,18 +24,15 @@ shared pipeline is full (both lists have the routing budget's length, so their e
 Exact only (drop) and the bias-load experiments stay in fwd.py; the Morton permutation comes as q_perm (the query
 rows read through it into registers, the output written through it) or out_perm (only the output rows; fwd.py).
 
-share=True (session 30's split order; the sorted merge it replaces measured slower than the per-list pipelines in
-sessions 9, 10 and 25, pieces_h200.md): both lists are copied into shared memory and each entry the other list also
-holds is marked (pair_sched._mark_shared). Warp 0 loads both query tiles, then one K and one V tile per union block
-into slots that all 8 consumer warps release, in split order: the m blocks both lists hold, then the two lists' own
-blocks alternating, the longer list's rest last (_produce_split). Each consumer computes its shared tiles, then its
-own ones, and waits for and releases the tiles it does not use (_pass): before each own tile 0 or 1 of them, by
-arithmetic on m and the two list lengths (_ugap), so the tile loop walks no list. Across such a tile it keeps
-holding its last V tile (its P V still to come, the FlashAttention-3 overlap kept; the protocol allows up to
-kv_stages - 1 such tiles). A consumer passes over the union's tiles after its last own one right after its
-boundary step, before it can wait on the shared virtual pipeline. tests/test_pair_share_schedule.py and
-tests/test_union_barrier_model.py run this protocol as a model (no deadlock, no stale slot). A consumer's tiles no
-longer ascend, so its output equals the per-list pipelines' up to the online softmax's rounding order.
+share=True (PSA_CUTE_PAIR_SHARE, session 32's "split rings"; pair_sched.py): both lists are copied into shared
+memory and each entry the other list also holds is marked (pair_sched._mark_shared). The two rings stay; a block both
+lists hold is loaded once, by the producer warp whose ring its rank among the shared blocks picks (parity), before
+that warp's own list's other blocks (_produce_rings). Each consumer computes the shared tiles first, from both rings,
+then its own ones from its ring, stage and phase in closed form (_ring_wait); a shared slot frees when both
+consumers released it. No consumer touches a tile it does not compute: the three earlier builds over one ring of the
+union (sorted merge, sessions 9/10 and 25; split order, session 31) lost by their passes over the other list's tiles
+(bench/results/pieces_h200.md). A consumer's tiles no longer ascend, so its output equals the per-list pipelines' up
+to the online softmax's rounding order. tests/test_split_rings_model.py runs the protocol as a model.
 
 Measured history (the pair build against fwd.py's, the timing probes' split of the virtual part, builds tried and
 not kept): bench/results/cute_pair_h200.md.
@@ -53,7 +50,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from .fwd import PAIR_SHARE_MAX_SEL, PAIR_VT_STAGES, PiecewiseSparseFwdSm90
-from .pair_sched import SHARED, PairSchedule
+from .pair_sched import SHARED, PairSchedule, RingCursor
 from .tile_ops import BS, LOG2E
 
 KV_STAGES = 4  # per consumer (fwd.py's best at 2 CTAs per SM; session 22 here: 3 6-9% slower, 5 0-1.5%)
@@ -101,12 +98,10 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
         # the virtual tiles' bias loads without clamping the column to the row (fwd.BIAS_SLACK: the bias tensor has
         # BS elements of storage past its end; values past a row's end are never used, _bias_slots)
         self.bias_slack = bias_slack
-        # one exact-tile pipeline for both consumers, fed with the union of their two lists (a block both lists
-        # hold is loaded once; a consumer waits for and releases the tiles of the other list without using them)
+        # the split rings: a block both lists hold is loaded once, into one of the two rings (pair_sched.py)
         self.share = share
-        # a consumer may hold its last V tile while it passes over at most kv_stages - 1 tiles of the other list (an
-        # exact pipeline of 2 x kv_stages slots then never waits for a slot it holds); the split order passes one
-        assert not share or kv_stages >= 2, "share passes one tile while holding a V tile"
+        # a consumer holds its last V tile while it waits for its next K tile, possibly in the same ring
+        assert not share or kv_stages >= 2, "share holds a V tile across the next K tile of a ring"
         # timing probes only (bench/probes/cute_pair.py --split; wrong outputs): "nobias" (virtual tiles without
         # their bias / count loads), "asexact" (virtual tiles through the exact tiles' softmax, no bias),
         # "nohbar" (the first-order GEMM skipped, its tiles still waited for); "nogemm", "nosoftmax", "stream"
@@ -241,6 +236,10 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
         self._pv_wait(False, row_sum)
         vh.release()
 
+    def _k_source(self, kv_cons, rings, u):
+        """What _exact_step takes tile u's K tile from: this consumer's pipeline, or (share) tile u's ring slot."""
+        return RingCursor(self, rings, u) if self.share else kv_cons
+
     # ------------------------------------------------------------------ device side
     @cute.kernel
     def kernel(self, qk_mma: cute.TiledMma, pv_mma: cute.TiledMma, qh_mma: cute.TiledMma,
@@ -267,15 +266,11 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
         q_pipes = [pipeline.PipelineTmaAsync.create(
             barrier_storage=st.q_bar.data_ptr() + 2 * c, num_stages=1, producer_group=one,
             consumer_group=wg_warps, tx_count=self.q_bytes, defer_sync=True) for c in range(2)]
-        if cutlass.const_expr(self.share):  # one pipeline of 2 S stages that all 8 consumer warps release
-            kv_pipes = [pipeline.PipelineTmaAsync.create(
-                barrier_storage=st.kv_bar.data_ptr(), num_stages=2 * S, producer_group=one,
-                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8), tx_count=self.kv_bytes,
-                defer_sync=True)]
-        else:
-            kv_pipes = [pipeline.PipelineTmaAsync.create(
-                barrier_storage=st.kv_bar.data_ptr() + 2 * S * c, num_stages=S, producer_group=one,
-                consumer_group=wg_warps, tx_count=self.kv_bytes, defer_sync=True) for c in range(2)]
+        # a ring of S stages per producer warp; share: each empty barrier counts 8 arrivals (pair_sched._ring_arrive)
+        kv_pipes = [pipeline.PipelineTmaAsync.create(
+            barrier_storage=st.kv_bar.data_ptr() + 2 * S * c, num_stages=S, producer_group=one,
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8) if self.share else wg_warps,
+            tx_count=self.kv_bytes, defer_sync=True) for c in range(2)]
         vp_pipe = pipeline.PipelineTmaAsync.create(
             barrier_storage=st.vp_bar.data_ptr(), num_stages=self.vt_stages, producer_group=one,
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8), tx_count=self.kv_bytes,
@@ -294,30 +289,14 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                 col = e // n_sel
                 sL[e - col * n_sel, col] = mIdx[i_b, i_h, cutlass.min(2 * i_p + col, n_kv - 1), e - col * n_sel]
             cute.arch.sync_threads()
-            self._mark_shared(sL, n_sel, tidx)  # the blocks both lists hold, for the split order
+            self._mark_shared(sL, n_sel, tidx)  # the blocks both lists hold
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
         hb = (i_h, i_b)
         if wg == 0:
             cute.arch.setmaxregister_decrease(self.regs_producer)
-            if cutlass.const_expr(self.share):
-                if warp == 0:  # both query tiles, then the union of the two lists in split order
-                    tKs, tKg = self._tma_part(tma_k, sK, gKt, BS, self.d)
-                    tVs, tVg = self._tma_part(tma_v, sV, gVt, self.d, BS)
-                    i_a = cutlass.min(2 * i_p, n_kv - 1)
-                    i_o = cutlass.min(2 * i_p + 1, n_kv - 1)
-                    for c in cutlass.range_constexpr(0 if self.q_perm else 2):
-                        tQs, tQg = self._tma_part(tma_q, sQ, gQt, BS, self.d)
-                        q_prod, _ = q_pipes[c].make_participants()
-                        h = q_prod.acquire_and_advance()
-                        cute.copy(tma_q, tQg[(None, i_o if c else i_a, 0, hb)], tQs[(None, c)],
-                                  tma_bar_ptr=h.barrier)
-                    kv_prod, _ = kv_pipes[0].make_participants()
-                    n_a, _ = self._list_scan(mIdx, i_b, i_h, i_a, n_sel, n_kv, BS)
-                    n_o, _ = self._list_scan(mIdx, i_b, i_h, i_o, n_sel, n_kv, BS)
-                    self._produce_split(kv_prod, sL, n_a, n_o, tma_k, tKg, tKs, tma_v, tVg, tVs, hb)
-            for c in cutlass.range_constexpr(0 if self.share else 2):
+            for c in cutlass.range_constexpr(2):
                 if warp == c:
                     # query block 2p + c (an odd last block: both warps load the last one)
                     i_q = cutlass.Int32(2 * i_p + c)
@@ -331,15 +310,19 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                         tQs, tQg = self._tma_part(tma_q, sQ, gQt, BS, self.d)
                         h = q_prod.acquire_and_advance()
                         cute.copy(tma_q, tQg[(None, i_q, 0, hb)], tQs[(None, c)], tma_bar_ptr=h.barrier)
-                    for kk in cutlass.range(n_sel, unroll=1):
-                        j = mIdx[i_b, i_h, i_q, kk]
-                        if j >= 0:  # (handles named apart from the query tile's: q_perm has none)
-                            hk = kv_prod.acquire_and_advance()
-                            cute.copy(tma_k, tKg[(None, j, 0, hb)], tKs[(None, c * S + hk.index)],
-                                      tma_bar_ptr=hk.barrier)
-                            hk = kv_prod.acquire_and_advance()
-                            cute.copy(tma_v, tVg[(None, 0, j, hb)], tVs[(None, c * S + hk.index)],
-                                      tma_bar_ptr=hk.barrier)
+                    if cutlass.const_expr(self.share):  # shared blocks of rank parity c, then list c's own
+                        n_c, _ = self._list_scan(mIdx, i_b, i_h, i_q, n_sel, n_kv, BS)
+                        self._produce_rings(kv_prod, sL, c, n_c, tma_k, tKg, tKs, tma_v, tVg, tVs, hb)
+                    else:
+                        for kk in cutlass.range(n_sel, unroll=1):
+                            j = mIdx[i_b, i_h, i_q, kk]
+                            if j >= 0:  # (handles named apart from the query tile's: q_perm has none)
+                                hk = kv_prod.acquire_and_advance()
+                                cute.copy(tma_k, tKg[(None, j, 0, hb)], tKs[(None, c * S + hk.index)],
+                                          tma_bar_ptr=hk.barrier)
+                                hk = kv_prod.acquire_and_advance()
+                                cute.copy(tma_v, tVg[(None, 0, j, hb)], tVs[(None, c * S + hk.index)],
+                                          tma_bar_ptr=hk.barrier)
             if warp == 2:
                 if n_vt > 0:
                     self._produce_virtual(vp_pipe, tma_kb, sKp, gKbt, tma_vm, sVp, gVmt, tma_h, gHt, n_vt, hb)
@@ -352,12 +335,10 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
             if i_q >= n_kv:
                 i_q = n_kv - 1
             _, q_cons = _pipe_view(q_pipes[0], 2 * c).make_participants()
+            _, kv_cons = _pipe_view(kv_pipes[0], 2 * S * c).make_participants()
+            koff = c * S  # this consumer's first stage in sK / sV (share: the handles index both rings)
             if cutlass.const_expr(self.share):
-                _, kv_cons = kv_pipes[0].make_participants()
                 koff = 0
-            else:
-                _, kv_cons = _pipe_view(kv_pipes[0], 2 * S * c).make_participants()
-                koff = c * S  # this consumer's first stage in sK / sV
             _, vp_cons = vp_pipe.make_participants()
             qk_mma.set(warpgroup.Field.ACCUMULATE, True)
             pv_mma.set(warpgroup.Field.ACCUMULATE, True)
@@ -424,31 +405,27 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
             vrow = mVB[i_b, i_h, i_q, None]  # this query block's bias row
             if n_vt > 0:  # virtual tile 0's bias, in flight through the exact loop
                 self._bias_fetch(bias_h, vrow, tScS, 0, n_kv)
-            n_end = cutlass.Int32(0)  # share: the union tiles after this consumer's last own one
-            m_sh = cutlass.Int32(0)  # share: the blocks both lists hold
-            n_alt = cutlass.Int32(0)  # share: rounds of the two lists' own blocks alternating
+            rings = None  # share: (full and empty barriers of ring 0, this consumer, the blocks both lists hold)
             if cutlass.const_expr(self.share):
-                i_o = cutlass.min(2 * i_p + 1 - c, n_kv - 1)  # the other warpgroup's query block
-                n_o, _ = self._list_scan(mIdx, i_b, i_h, i_o, n_sel, n_kv, BS)
                 m_sh = self._count_shared(sL, c, n_sel)
-                n_alt = cutlass.min(n_valid, n_o) - m_sh
+                rings = (kv_pipes[0].sync_object_full.mbarrier_base, kv_pipes[0].sync_object_empty.mbarrier_base,
+                         c, m_sh)
                 if kk_tail >= 0:  # the partial last block: the last shared tile, or the last own one
                     if sL[kk_tail, c] >= SHARED:
                         kk_tail = m_sh - 1
                     else:
                         kk_tail = n_valid - 1
-                if n_valid == 0:  # every union tile is the other list's
-                    kv_cons = self._pass(kv_cons, n_o)
-                else:
-                    n_end = n_valid + n_o - m_sh - 1 - self._upos(c, n_valid - 1, m_sh, n_alt)
             # fwd.py's software-pipelined loop, split where the tiles change pipelines: exact tiles (own
             # stages), the boundary step (V of the last exact tile, the first k-bar tile), virtual tiles
             # (shared stages), the last P V
             if n_tiles > 0:
                 if n_valid > 0:
+                    # (the pipeline's state advanced in the body itself: the DSL carries it across the region only
+                    # then; share: the two rings in closed form, pair_sched._ring_wait)
                     if cutlass.const_expr(self.share):
-                        kv_cons = self._pass(kv_cons, self._ugap(c, 0, m_sh, n_alt))
-                    kh0 = kv_cons.wait_and_advance()
+                        kh0 = self._ring_wait(rings, 0, 0)
+                    else:
+                        kh0 = kv_cons.wait_and_advance()
                     self._turn(self._pp(c, 0, pp_n))
                     self._issue_ss(qk_mma, acc_s, sQi, tSrK[(None, None, None, koff + kh0.index)])
                     self._handover(self._pp(c, 0, pp_n))
@@ -481,24 +458,23 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                                        n_valid == 0, kk_tail == 0, rem, True)
                     self._to_p(acc_s, tOrP)
                 for u in cutlass.range(1, n_plain, unroll=1):
-                    vh = kv_cons.wait_and_advance()
-                    if cutlass.const_expr(self.share):
-                        # the union tiles before own tile u (0 or 1 by the split order: the V tile of u - 1 stays
-                        # held across them), then fwd.py's step
-                        kv_cons = self._pass(kv_cons, self._ugap(c, u, m_sh, n_alt))
-                        self._exact_step(qk_mma, pv_mma, acc_s, acc_o, tOrP, sQi, tSrK, tOrV, 0, kv_cons, vh, row_max,
-                                         row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, kk_tail == u, rem)
+                    if cutlass.const_expr(self.share):  # V of tile u - 1, then fwd.py's step
+                        vh = self._ring_wait(rings, u - 1, 1)
                     else:
-                        self._exact_step(qk_mma, pv_mma, acc_s, acc_o, tOrP, sQi, tSrK, tOrV, koff, kv_cons, vh,
-                                         row_max, row_sum, row_g, scale_log2, alpha, bias, cnt, tScS, kk_tail == u, rem,
-                                         self._pp(c, u, pp_n))
+                        vh = kv_cons.wait_and_advance()
+                    self._exact_step(qk_mma, pv_mma, acc_s, acc_o, tOrP, sQi, tSrK, tOrV, koff,
+                                     self._k_source(kv_cons, rings, u), vh, row_max, row_sum, row_g, scale_log2,
+                                     alpha, bias, cnt, tScS, kk_tail == u, rem, self._pp(c, u, pp_n))
                     self._rescale_o(acc_o, alpha)
                     self._to_p(acc_s, tOrP)
                 if n_valid > 0:  # (n_vt = 0: the turns after the last exact tile; else those before the virtual ones)
                     self._pass_turns(c, n_valid, pp_v, pp_n)
                 if n_vt > 0:
                     if n_valid > 0:  # step n_valid: V of the last exact tile, the first k-bar tile
-                        vh = kv_cons.wait_and_advance()
+                        if cutlass.const_expr(self.share):
+                            vh = self._ring_wait(rings, n_valid - 1, 1)
+                        else:
+                            vh = kv_cons.wait_and_advance()
                         kh = vp_cons.wait_and_advance()
                         self._turn(self._pp(c, pp_v, pp_n))
                         self._issue_ss(qk_mma, acc_s, sQi, tSrKp[(None, None, None, kh.index)])
@@ -515,8 +491,6 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                         vh.release()
                         self._rescale_o(acc_o, alpha)
                         self._to_p(acc_s, tOrP)
-                        if cutlass.const_expr(self.share):  # the other list's tiles after this one's last
-                            kv_cons = self._pass(kv_cons, n_end)
                     vargs = (qk_mma, pv_mma, acc_s, acc_o, tOrP, sQi, tSrKp, tOrVp, row_max, row_sum, row_g,
                              scale_log2, alpha, bias, cnt, bias_h, vrow, tScS, n_vt, n_kv, n_last, rem)
                     if cutlass.const_expr(self.s_ahead_vt):
@@ -543,12 +517,13 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                     warpgroup.wait_group(0)
                     vhl.release()
                 else:
-                    vhl = kv_cons.wait_and_advance()
+                    if cutlass.const_expr(self.share):
+                        vhl = self._ring_wait(rings, n_valid - 1, 1)
+                    else:
+                        vhl = kv_cons.wait_and_advance()
                     self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, koff + vhl.index)])
                     warpgroup.wait_group(0)
                     vhl.release()
-                    if cutlass.const_expr(self.share):
-                        kv_cons = self._pass(kv_cons, n_end)
             if n_tiles == 0:  # (no tiles at all: the other list's turns)
                 self._pass_turns(c, 0, pp_v, pp_n)
             if n_vt > 0:

@@ -1,10 +1,13 @@
 """The pair kernel's (fwd_pair.py) scheduling between its two consumer warpgroups, as a mixin of PairFwdSm90:
 
-* share (PSA_CUTE_PAIR_SHARE): one exact pipeline over the union of the two routed lists (in shared memory, the
-  blocks both hold marked at the CTA's start: _mark_shared) in split order (_produce_split): the shared blocks
-  first, then the two lists' own blocks alternating, the longer list's rest last. Each consumer takes its shared
-  tiles, then its own ones, and waits for and releases the tiles it does not use; how many before each own tile
-  (0 or 1) is arithmetic on three counts (_ugap), with no list walk in the tile loop (_pass);
+* share (PSA_CUTE_PAIR_SHARE), "split rings" (session 32): the two per-list rings stay, and a block both lists hold
+  (marked in the lists copied to shared memory at the CTA's start: _mark_shared) is loaded once, into ring r by
+  producer warp r when its rank among the shared blocks has parity r (_produce_rings). Each consumer takes the
+  shared tiles first, from both rings, then its own ones from its own ring, with stage and phase in closed form
+  (_ring_wait); a shared slot frees when both consumers released it (count-1 arrivals of each, against count-2
+  arrivals for an own tile: _ring_arrive). No consumer waits for or releases a tile it does not compute: the split
+  order of session 30 (one ring over the union) lost to the per-list rings by its passes over the other list's tiles
+  (bench/results/pieces_h200.md, Session 31);
 * pingpong (PSA_CUTE_PINGPONG): the consumers issue their GEMMs in turn on named barriers 3 and 4, FlashAttention-3's
   warpgroup ping-pong (_pp, _turn, _handover, _pass_turns). Both take the same turns: exact tile u at turn u, virtual
   tile t at turn pp_v + t (pp_v, the longer list's length), the shorter list's missing turns passed empty before its
@@ -104,81 +107,61 @@ class PairSchedule:
         return m
 
     @cute.jit
-    def _ugap(self, c, u, m, n_alt):
-        """share: union tiles that consumer c passes before its own tile u (0 or 1). The union order (_produce_split):
-        the m blocks both lists hold, then the two lists' own blocks alternating (list 0 first) for n_alt rounds, then
-        the longer list's rest; a consumer takes its shared tiles, then its own ones, each in ascending order."""
-        r = u - m
-        g = cutlass.Int32(0)
-        if r >= 1 - c:
-            if r <= n_alt - c:
-                g = cutlass.Int32(1)
-        return g
-
-    @cute.jit
-    def _upos(self, c, u, m, n_alt):
-        """share: the union position of consumer c's own tile u (the order of _ugap)."""
-        p = u
-        if u >= m:
-            r = u - m
-            p = m + n_alt + r
-            if r < n_alt:
-                p = m + 2 * r + c
-        return p
-
-    @cute.jit
-    def _produce_split(self, kv_prod, sL, n_a, n_o, tma_k, tKg, tKs, tma_v, tVg, tVs, hb):
-        """share, warp 0: one K and one V tile per union block into the shared exact pipeline, in the order of
-        _ugap: the blocks both lists hold (list 0's SHARED entries, ascending), then list 0's and list 1's own ones
-        alternating, the longer list's rest last (each list's cursor skips its SHARED entries)."""
-        m = cutlass.Int32(0)
-        for i in cutlass.range(n_a, unroll=1):
-            x = sL[i, 0]
+    def _produce_rings(self, kv_prod, sL, c, n_c, tma_k, tKg, tKs, tma_v, tVg, tVs, hb):
+        """share, producer warp c: K then V of every block of list c into ring c (stages c S ..): first the blocks
+        both lists hold whose rank among them has parity c (the other ring takes the rest, so each shared block is
+        loaded once), then this list's own blocks, each in ascending order. A list's shared entries are the same
+        blocks in the same order in both lists (both ascend), so the rank counted here is the consumers' too."""
+        S = self.kv_stages
+        r = cutlass.Int32(0)
+        for i in cutlass.range(n_c, unroll=1):
+            x = sL[i, c]
             if x >= SHARED:
-                m = m + 1
-                kv_prod = self._load_kv(kv_prod, x - SHARED, tma_k, tKg, tKs, tma_v, tVg, tVs, hb)
-        ja = cutlass.Int32(0)
-        jb = cutlass.Int32(0)
-        for t in cutlass.range(cutlass.max(n_a, n_o) - m, unroll=1):
-            if t < n_a - m:
-                x, ja = self._next_own(sL, 0, ja)
-                kv_prod = self._load_kv(kv_prod, x, tma_k, tKg, tKs, tma_v, tVg, tVs, hb)
-                ja = ja + 1
-            if t < n_o - m:
-                x, jb = self._next_own(sL, 1, jb)
-                kv_prod = self._load_kv(kv_prod, x, tma_k, tKg, tKs, tma_v, tVg, tVs, hb)
-                jb = jb + 1
+                if r % 2 == c:
+                    kv_prod = self._ring_load(kv_prod, x - SHARED, c * S, tma_k, tKg, tKs, tma_v, tVg, tVs, hb)
+                r = r + 1
+        for i in cutlass.range(n_c, unroll=1):
+            x = sL[i, c]
+            if x < SHARED:
+                kv_prod = self._ring_load(kv_prod, x, c * S, tma_k, tKg, tKs, tma_v, tVg, tVs, hb)
 
     @cute.jit
-    def _next_own(self, sL, col, j):
-        """share: (block, position) of list col's first entry at or after position j that the other list does not
-        hold (the caller knows one is left)."""
-        x = sL[j, col]
-        while x >= SHARED:
-            j = j + 1
-            x = sL[j, col]
-        return x, j
-
-    @cute.jit
-    def _load_kv(self, kv_prod, j, tma_k, tKg, tKs, tma_v, tVg, tVs, hb):
-        """K then V of block j into the next two slots of the shared exact pipeline; returns the advanced producer."""
+    def _ring_load(self, kv_prod, j, soff, tma_k, tKg, tKs, tma_v, tVg, tVs, hb):
+        """K then V of block j into the next two slots of a ring (its stages from soff); returns the advanced producer
+        (a helper's loop hands on a new object: kv_prod = ...)."""
         hk = kv_prod.acquire_and_advance()
-        cute.copy(tma_k, tKg[(None, j, 0, hb)], tKs[(None, hk.index)], tma_bar_ptr=hk.barrier)
+        cute.copy(tma_k, tKg[(None, j, 0, hb)], tKs[(None, soff + hk.index)], tma_bar_ptr=hk.barrier)
         hk = kv_prod.acquire_and_advance()
-        cute.copy(tma_v, tVg[(None, 0, j, hb)], tVs[(None, hk.index)], tma_bar_ptr=hk.barrier)
+        cute.copy(tma_v, tVg[(None, 0, j, hb)], tVs[(None, soff + hk.index)], tma_bar_ptr=hk.barrier)
         return kv_prod
 
     @cute.jit
-    def _pass(self, kv_cons, g):
-        """share: wait for and release the K and V tiles of g union blocks that the other list alone holds; returns
-        the advanced consumer. A dynamic loop hands its carried state to a new object bound to the loop's own name,
-        so the caller's object would keep the state from before the loop: call as kv_cons = self._pass(...)."""
-        for _ in cutlass.range(g, unroll=1):
-            h = kv_cons.wait_and_advance()
-            h.release()
-            h = kv_cons.wait_and_advance()
-            h.release()
-        return kv_cons
+    def _ring_wait(self, rings, u, half):
+        """share: wait for consumer c's exact tile u, K (half 0) or V (half 1), and return its handle (index: the
+        stage in sK / sV over both rings; release(): this warp's arrival). Tile u < m is shared rank u: ring u % 2,
+        that ring's load 2 (u // 2) + half; an own tile comes after the mc = ceil((m - c) / 2) shared blocks of
+        ring c. Stage and phase of load L in a ring of S: L % S, (L // S) % 2 (each consumer waits on every load of
+        a ring it reads in order, so no wait can see an older phase as its own: tests/test_split_rings_model.py)."""
+        S = self.kv_stages
+        full0, empty0, c, m = rings
+        ring = cutlass.Int32(c)
+        load = 2 * ((m + 1 - c) // 2 + u - m) + half
+        units = cutlass.Int32(2)
+        if u < m:
+            ring = cutlass.Int32(u % 2)
+            load = cutlass.Int32(2 * (u // 2) + half)
+            units = cutlass.Int32(1)
+        stage = load % S
+        cute.arch.mbarrier_wait(full0 + (2 * S * ring + stage), (load // S) % 2)
+        return _RingTile(self, ring * S + stage, empty0 + (2 * S * ring + stage), units)
+
+    @cute.jit
+    def _ring_arrive(self, empty, units):
+        """share: one warp's release of a ring slot. Each empty barrier counts 8 arrivals: an own tile's consumer
+        arrives with 2 from each of its 4 warps, a shared tile's two consumers with 1 each (the slot frees once
+        both are done with it; no named barrier, no wait for the other consumer)."""
+        if cute.arch.lane_idx() == 0:
+            cute.arch.mbarrier_arrive(empty, arrive_count=units)
 
     @cute.jit
     def _ahead_exact(self, qk_mma, pv_mma, acc_s, sbuf, acc_o, tOrP, sQi, tSrK, tOrV, koff, kv_cons, row_max,
@@ -189,7 +172,8 @@ class PairSchedule:
         copy while S of u and P V of u - 2 run, then one wait for both, then P V of u - 1 issued. (Waiting for P V
         of u - 2 alone, with S of u left in flight, makes ptxas serialise every wgmma of the kernel: it cannot tell
         which of two groups issued in different iterations a wait_group(1) leaves running.) The same operations per
-        tile as the plain loop (bitwise the same output). Returns the advanced consumer (kv_cons = ..., as _pass)."""
+        tile as the plain loop (bitwise the same output). Returns the advanced consumer (kv_cons = ...: a helper's
+        dynamic loop hands its carried state to a new object)."""
         vh = kv_cons.wait_and_advance()  # V of tile 0
         kh = kv_cons.wait_and_advance()  # K of tile 1
         sbuf.store(acc_s.load())
@@ -244,7 +228,7 @@ class PairSchedule:
         build. Tiles 1 .. n_vt - 2 hold whole blocks, none the last: their counts are the constant BS (_bias_whole,
         `whole`), which frees the count registers, and an issue barrier keeps S of t above the softmax (sm_90a SASS:
         without both, ptxas issued every HGMMA of S after the softmax's exponentials). The same operations per tile
-        as the plain loop: bitwise its output. Returns the advanced consumer (vp_cons = ..., as _pass)."""
+        as the plain loop: bitwise its output. Returns the advanced consumer (vp_cons = ..., as _ahead_exact)."""
         vmask = self.probe != "asexact"
         kh = vp_cons.wait_and_advance()  # k-bar of tile 1
         vh = vp_cons.wait_and_advance()  # value means of tile 0
@@ -304,3 +288,24 @@ class PairSchedule:
         for t in cutlass.range_constexpr(self.d // BS):
             h = vp_prod.acquire_and_advance()
             cute.copy(tma_h, tHg[(None, 0, t, hb)], tHs[(None, h.index)], tma_bar_ptr=h.barrier)
+
+
+class _RingTile:
+    """share: a ring slot's handle as the exact loop uses a pipeline's (index, release)."""
+
+    def __init__(self, sched, index, empty, units):
+        self.sched, self.index, self.empty, self.units = sched, index, empty, units
+
+    def release(self):
+        self.sched._ring_arrive(self.empty, self.units)
+
+
+class RingCursor:
+    """share: stands in for a consumer's exact pipeline where the loop asks for "the next K tile" (fwd_pair's
+    _exact_step): K of tile u."""
+
+    def __init__(self, sched, rings, u):
+        self.sched, self.rings, self.u = sched, rings, u
+
+    def wait_and_advance(self):
+        return self.sched._ring_wait(self.rings, self.u, 0)

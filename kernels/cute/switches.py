@@ -78,7 +78,9 @@ PAIR_SHARE_MAX_SEL = 256  # both lists in its shared memory (2 KiB); longer ones
 # (every share test passed), but DiT-like exact part 5.24 -> 5.32 ms (+1.6%; 8.33 -> 8.86 M cycles at a 5% higher
 # clock), random 5.43 -> 5.80 (+6.9%, +12% cycles), the node's call at 480p +8.7%: off. A CPU model fits both ratios
 # with ~300 cycles per passed tile of the other list and +4% per own tile (bench/probes/union_coupling.py,
-# pieces_h200.md Session 31): the passes, not the sharing, cost the gain
+# pieces_h200.md Session 31): the passes, not the sharing, cost the gain. Session 32: the split order replaced by the
+# split rings (pair_sched.py: the two per-list rings kept, a block both lists hold loaded once into one of them, no
+# tile of the other list waited for or released; the split order's code: `git show bb41039:kernels/cute/pair_sched.py`)
 # the pair build on the Morton path reading the caller's query rows through the permutation and writing the output
 # through it (fwd_pair.py q_perm: no q copy, no scatter, q's copy no longer in the peak). PSA_CUTE_PAIR_Q_PERM=1/0
 # overrides. Session 10 (cute_pair_q_perm4_s10_h200.txt, as the node calls it, 4 rounds, medians): correct (max
