@@ -194,7 +194,7 @@ def test_gpu_slug_names_the_break_even_file(name, slug):
 
 def test_break_even_table_is_looked_up_per_gpu_model(tmp_path, monkeypatch, caplog):
     """nodes/speed.py reads breakeven_<slug>.json for the GPU at hand: PSA_BREAKEVEN_DIR first (a table measured
-    with bench/pieces.py --breakeven on the user's own GPU), then the shipped ones beside the module (the H200's);
+    with bench/pieces.py --breakeven on the user's own GPU), then the shipped ones beside the module (the H200's and the H100 80GB HBM3's);
     a file measured on another GPU, or unreadable, is said and skipped; no table: one line, no rule."""
     import json
     import logging
@@ -213,6 +213,11 @@ def test_break_even_table_is_looked_up_per_gpu_model(tmp_path, monkeypatch, capl
         # the shipped H200 table, found beside the module although PSA_BREAKEVEN_DIR has none
         h200 = speed._breakeven_table("NVIDIA H200")
         assert h200 is not None and h200["gpu"] == "NVIDIA H200" and h200["rows"]
+        # the H100's (session 32): FLUX.1-size calls (4608 tokens) sparse, the smallest measured size (2816) dense
+        h100 = speed._breakeven_table("NVIDIA H100 80GB HBM3")
+        assert h100 is not None and h100["gpu"] == "NVIDIA H100 80GB HBM3" and h100["rows_eager"]
+        assert policy.breakeven_reason(h100, "NVIDIA H100 80GB HBM3", 4608, 0.2) is None
+        assert policy.breakeven_reason(h100, "NVIDIA H100 80GB HBM3", 2816, 0.2) is not None
         assert speed._breakeven_table("NVIDIA L40S") is None  # its file was measured on an A100
         assert speed._breakeven_table("NVIDIA A10") is None  # unreadable
         assert speed._breakeven_table("NVIDIA B200") is None  # none at all
