@@ -1,12 +1,11 @@
 # H200 device calls, one phase per call, run from the repository root with the cutlass-dsl site and ComfyUI's comfy/
 # files carried in one archive (bench/install_cute_site.sh unpacks it):
 #   carry [".carry/cs1"]    command: bash bench/gpu_round.sh PHASE
-# Session 32: U32 (the split rings, PSA_CUTE_PAIR_SHARE, built on the CPU; ~8-9 min) first, then BW and G31.
+# Session 32 (an H100) ran U32 (the split rings: off), BE (nodes/breakeven_h100_80gb_hbm3.json), BW (32 passed after
+# the sdpa_grads fix) and G31 (4-row boxes 0.23x: no run-gather build). Pending: U33, and L when an H200 is lent.
 # Session 31 (on an H100: no H200 came) ran U30 (off), F (296 passed), Q30 (off), M30, L and the backward tests
-# (results and decisions in bench/results/pieces_h200.md, Session 31). Pending: the backward GPU tests again
-# (tests/test_backward_gpu.py, changed after they ran out of memory on the 80 GB card: phase BW, ~2-3 min), an H200
-# pieces run (L) when an H200 is lent, and on an H100 phase BE (its break-even table: the node ships one for the H200
-# only, so on an H100 every call above min_tokens runs sparse, even where dense would be faster), and G31 (~1.5 min). Sessions 30-31's phases U30, Q30, M30: `git show 9e994e1:bench/gpu_round.sh`.
+# (results and decisions in bench/results/pieces_h200.md, Session 31). Sessions 30-31's phases U30, Q30, M30:
+# `git show 9e994e1:bench/gpu_round.sh`; session 32's U32 and G31: `git show f3a0b96:bench/gpu_round.sh`.
 # Session 29
 # ran B39, E39, CH39 (C39 + H39), G39, D39 and L (results and decisions in
 # bench/results/pieces_h200.md; those phases are in git history: `git show d1b661c:bench/gpu_round.sh`). A new build
@@ -92,26 +91,20 @@ L)  # every piece at 480p, 720p and FLUX.1 with the session-7 defaults, both bac
         --shapes wan14,wan14_720,flux > "$OUT/pieces_l.log" 2>&1
     log "pieces rc=$?"
     ;;
-U32)  # session 32 (carry .carry/cs1; ~8-9 min): the pair kernel's "split rings" shared exact tiles (PSA_CUTE_PAIR_SHARE,
-    # fwd_pair.py / pair_sched._produce_rings, _ring_wait: a block both lists hold loaded once, into ring r when its
-    # rank among the shared blocks has parity r; each consumer takes the shared tiles from both rings, then its own ones
-    # from its ring, stage and phase in closed form; a shared slot frees on count-1 arrivals of both consumers, an own
-    # one on count-2 arrivals of its consumer: no tile of the other list is ever waited for or released). It replaces
-    # session 30's split order (one ring over the union, off in session 31: its passes cost ~300 cycles each). Built
-    # and compiled on the CPU only (sm_90a: 168 registers, no spills, 232,448 bytes of shared memory with S_AHEAD_VT).
-    # Steps as U30: the crafted-list tests as a smoke run (the phase stops if they fail or hang), every other share
-    # test, split_clocks.py (exact part alone and pwt, per list vs shared, both build orders) on DiT-like Morton
-    # inputs and on random ones at 480p, the node's call (switch_ab.py, 3 rounds, CuTe) at 480p and 720p.
-    # PREDICTION (written before timing, pieces_h200.md Session 31's model): DiT-like novt -3 to -7% (cycles 0.97-0.98x
-    # the per-list build's, plus a clock gain from ~30% fewer loads), pwt -2 to -6%; random novt 0 to -2%; the node's
-    # random call within +-1%.
+U33)  # session 32's split rings (PSA_CUTE_PAIR_SHARE; carry .carry/cs1; ~4 min): re-timed after their ring arithmetic
+    # went from signed // and % to shifts and masks (pair_sched._ring_wait: the exact loop 626 -> 612 SASS instructions
+    # per tile, the per-list loop 593). U32 (session 32, H100, the 626 build): 38 share tests passed; DiT-like exact
+    # part -0.4% / -0.1% (+2.4% cycles at +3% clock), random +2.6% / +3.1% (+4.6% / +6.1% cycles), the node's call at
+    # 480p +5.3%: off (bench/results/pieces_h200.md, Session 32). The steps are U32's.
+    # PREDICTION (written before timing): cycles fall by the instructions' share, ~2.3% (14 of 612): DiT-like novt and
+    # pwt -2 to -3.5% (time), random +0 to +1.5%, the node's 480p call +1 to +3%.
     # RULE (U30's): PAIR_SHARE on by default if every share test passes, DiT-like novt and pwt are >= 3% faster in
     # both orders, random novt and pwt are not slower than 1% in either order, and switch_ab's 480p and 720p medians
     # are not slower than 1%; then F with PSA_CUTE_PAIR_SHARE=1 before the flip is committed. Else it stays off.
     run_tests share_smoke 150 -x tests/test_cute_pair_gpu.py -k "shared_exact_tiles_crafted"
     smoke=$(tail -1 "$OUT/tests_share_smoke.log" 2>/dev/null)
     if [[ "$smoke" != *passed* || "$smoke" == *failed* || "$smoke" == *error* ]]; then
-        log "U32 stops: the crafted-list smoke tests did not pass (tests_share_smoke.log)"
+        log "$PHASE stops: the crafted-list smoke tests did not pass (tests_share_smoke.log)"
         grep -B3 -A25 "^E  " "$OUT/tests_share_smoke.log" | head -60 >> "$OUT/round.log"; exit 1
     fi
     run_tests share 200 tests/test_cute_pair_gpu.py -k "share and not crafted"
@@ -129,20 +122,6 @@ U32)  # session 32 (carry .carry/cs1; ~8-9 min): the pair kernel's "split rings"
     decide PSA_CUTE_PAIR_SHARE "$OUT/share_clocks_ditlike.txt" --clocks 0.97
     decide PSA_CUTE_PAIR_SHARE "$OUT/share_clocks_random.txt" --clocks 1.01
     decide PSA_CUTE_PAIR_SHARE "$OUT/share_ab.txt" --rows _cute --max-ratio 1.01 --tests "$OUT/tests_share.log"
-    ;;
-G31)  # session 31 (no carry needed; ~1.5 min): can the exact part's K / V tiles come straight from the caller's raster
-    # layout? A Morton block is 16 runs of 4 W-adjacent tokens (interior 4 x 4 x 4), so a kernel reading it without the
-    # block-order copies (the node path's 1 GB written at 480p, its 1.74x q of scratch) would issue 16 TMA boxes of
-    # [4, 128] per tile instead of one [64, 128]. bench/probes/l2_ingress.py with PROBE_BOX_ROWS 64, 16, 4 from the
-    # L2-resident buffer. PREDICTION (written before the run): R 16 within 5% of R 64's TB/s at P 132 and 264, R 4
-    # 10-30% below (1 KiB requests, 16 issues per tile). RULE for the build: the run-gather loads are worth building
-    # only if R 4 keeps >= 0.9x R 64's TB/s at P 132 and 264 (the exact part's stream must not slow).
-    for r in 64 16 4; do
-        log "l2_ingress box rows $r"
-        PROBE_BOX_ROWS=$r PROBE_BUFFER_MB=16 PROBE_PROGRAMS=66,132,264 timeout 150 python bench/probes/l2_ingress.py \
-            > "$OUT/l2_box$r.txt" 2>&1
-        log "rc=$? $(grep RESULT "$OUT/l2_box$r.txt" | cut -c1-900)"
-    done
     ;;
 BE)  # the break-even table on whatever card this is (carry .carry/cs1; ~4 min): bench/pieces.py --breakeven, installed
     # into nodes/breakeven_<gpu slug>.json on the device and copied back (commit it beside breakeven_h200.json)

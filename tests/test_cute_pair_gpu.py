@@ -12,8 +12,9 @@ H200 but the q_perm test's cache-key check (fixed after that run), the ping-pong
 test of this file passed (P18), and the tree-reduction tests (T18). Session 19: every test of this file passed with
 PV_FENCE, PV_FENCE_VT and S_AHEAD on (A19), and with the defaults (PV_FENCE on); the PV_PIN arm and the pinned
 PV_FENCE_VT / S_AHEAD forms were written after that session's last run. The shared exact tiles' split order (session
-30) passed every share test on an H100 in session 31 (U30); its successor, the split rings (session 32), was written
-without a GPU: bench/gpu_round.sh U32 runs these tests first."""
+30) passed every share test on an H100 in session 31 (U30); its successor, the split rings (session 32), passed every
+share test on an H100 in session 32 (U32, the crafted ring cases among them); their ring arithmetic was rewritten in
+shifts and masks after that run (the same values; bench/gpu_round.sh U33 runs these tests first)."""
 import pytest
 import torch
 

@@ -102,6 +102,7 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
         self.share = share
         # a consumer holds its last V tile while it waits for its next K tile, possibly in the same ring
         assert not share or kv_stages >= 2, "share holds a V tile across the next K tile of a ring"
+        assert not share or kv_stages & (kv_stages - 1) == 0, "share: the rings' stage arithmetic takes 2, 4, 8 stages"
         # timing probes only (bench/probes/cute_pair.py --split; wrong outputs): "nobias" (virtual tiles without
         # their bias / count loads), "asexact" (virtual tiles through the exact tiles' softmax, no bias),
         # "nohbar" (the first-order GEMM skipped, its tiles still waited for); "nogemm", "nosoftmax", "stream"
@@ -408,8 +409,8 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
             rings = None  # share: (full and empty barriers of ring 0, this consumer, the blocks both lists hold)
             if cutlass.const_expr(self.share):
                 m_sh = self._count_shared(sL, c, n_sel)
-                rings = (kv_pipes[0].sync_object_full.mbarrier_base, kv_pipes[0].sync_object_empty.mbarrier_base,
-                         c, m_sh)
+                rings = self._rings(kv_pipes[0].sync_object_full.mbarrier_base,
+                                    kv_pipes[0].sync_object_empty.mbarrier_base, c, m_sh)
                 if kk_tail >= 0:  # the partial last block: the last shared tile, or the last own one
                     if sL[kk_tail, c] >= SHARED:
                         kk_tail = m_sh - 1

@@ -80,7 +80,12 @@ PAIR_SHARE_MAX_SEL = 256  # both lists in its shared memory (2 KiB); longer ones
 # with ~300 cycles per passed tile of the other list and +4% per own tile (bench/probes/union_coupling.py,
 # pieces_h200.md Session 31): the passes, not the sharing, cost the gain. Session 32: the split order replaced by the
 # split rings (pair_sched.py: the two per-list rings kept, a block both lists hold loaded once into one of them, no
-# tile of the other list waited for or released; the split order's code: `git show bb41039:kernels/cute/pair_sched.py`)
+# tile of the other list waited for or released; the split order's code: `git show bb41039:kernels/cute/pair_sched.py`).
+# U32 on an H100 (share_clocks_*_s32_h100.txt): correct (38 share tests passed), the passes' loss gone but no gain:
+# DiT-like exact part 5.233 -> 5.212 ms (-0.4%; second order -0.1%), +2.4% cycles at a 3% higher clock; random +2.6%
+# / +3.1% (+4.6% / +6.1% cycles); the node's call at 480p +5.3%: off. Its exact loop had 626 SASS instructions per
+# tile against the per-list 593 (+5.6%, the size of the random loss): the ring arithmetic in signed // and %; now
+# shifts and masks, 612 (bench/probes/cute_sass_loops.py share=1), not yet timed (gpu_round.sh U33)
 # the pair build on the Morton path reading the caller's query rows through the permutation and writing the output
 # through it (fwd_pair.py q_perm: no q copy, no scatter, q's copy no longer in the peak). PSA_CUTE_PAIR_Q_PERM=1/0
 # overrides. Session 10 (cute_pair_q_perm4_s10_h200.txt, as the node calls it, 4 rounds, medians): correct (max
