@@ -14,7 +14,7 @@ PV_FENCE, PV_FENCE_VT and S_AHEAD on (A19), and with the defaults (PV_FENCE on);
 PV_FENCE_VT / S_AHEAD forms were written after that session's last run. The shared exact tiles' split order (session
 30) passed every share test on an H100 in session 31 (U30); its successor, the split rings (session 32), passed every
 share test on an H100 in session 32 (U32, the crafted ring cases among them); their ring arithmetic was rewritten in
-shifts and masks after that run (the same values; bench/gpu_round.sh U33 runs these tests first)."""
+shifts and masks, once per tile, after that run (the same values; bench/gpu_round.sh U33 runs these tests first)."""
 import pytest
 import torch
 

@@ -28,7 +28,7 @@ share=True (PSA_CUTE_PAIR_SHARE, session 32's "split rings"; pair_sched.py): bot
 memory and each entry the other list also holds is marked (pair_sched._mark_shared). The two rings stay; a block both
 lists hold is loaded once, by the producer warp whose ring its rank among the shared blocks picks (parity), before
 that warp's own list's other blocks (_produce_rings). Each consumer computes the shared tiles first, from both rings,
-then its own ones from its ring, stage and phase in closed form (_ring_wait); a shared slot frees when both
+then its own ones from its ring, stage and phase in closed form (_ring_pos); a shared slot frees when both
 consumers released it. No consumer touches a tile it does not compute: the three earlier builds over one ring of the
 union (sorted merge, sessions 9/10 and 25; split order, session 31) lost by their passes over the other list's tiles
 (bench/results/pieces_h200.md). A consumer's tiles no longer ascend, so its output equals the per-list pipelines' up
@@ -237,9 +237,10 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
         self._pv_wait(False, row_sum)
         vh.release()
 
-    def _k_source(self, kv_cons, rings, u):
-        """What _exact_step takes tile u's K tile from: this consumer's pipeline, or (share) tile u's ring slot."""
-        return RingCursor(self, rings, u) if self.share else kv_cons
+    def _k_source(self, kv_cons, rings, k_pos, u):
+        """What _exact_step takes tile u's K tile from: this consumer's pipeline, or (share) tile u's ring slot
+        (k_pos: its stage and parity, pair_sched._ring_pos)."""
+        return RingCursor(self, rings, k_pos[0], k_pos[1], u) if self.share else kv_cons
 
     # ------------------------------------------------------------------ device side
     @cute.kernel
@@ -407,6 +408,8 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
             if n_vt > 0:  # virtual tile 0's bias, in flight through the exact loop
                 self._bias_fetch(bias_h, vrow, tScS, 0, n_kv)
             rings = None  # share: (full and empty barriers of ring 0, this consumer, the blocks both lists hold)
+            k_idx = cutlass.Int32(0)  # share: the stage and parity of the current exact tile's K (its V: k_idx + 1)
+            k_par = cutlass.Int32(0)
             if cutlass.const_expr(self.share):
                 m_sh = self._count_shared(sL, c, n_sel)
                 rings = self._rings(kv_pipes[0].sync_object_full.mbarrier_base,
@@ -422,9 +425,10 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
             if n_tiles > 0:
                 if n_valid > 0:
                     # (the pipeline's state advanced in the body itself: the DSL carries it across the region only
-                    # then; share: the two rings in closed form, pair_sched._ring_wait)
+                    # then; share: the two rings in closed form, pair_sched._ring_pos)
                     if cutlass.const_expr(self.share):
-                        kh0 = self._ring_wait(rings, 0, 0)
+                        k_idx, k_par = self._ring_pos(rings, 0)
+                        kh0 = self._ring_take(rings, k_idx, k_par, 0)
                     else:
                         kh0 = kv_cons.wait_and_advance()
                     self._turn(self._pp(c, 0, pp_n))
@@ -459,13 +463,14 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                                        n_valid == 0, kk_tail == 0, rem, True)
                     self._to_p(acc_s, tOrP)
                 for u in cutlass.range(1, n_plain, unroll=1):
-                    if cutlass.const_expr(self.share):  # V of tile u - 1, then fwd.py's step
-                        vh = self._ring_wait(rings, u - 1, 1)
+                    if cutlass.const_expr(self.share):  # V of tile u - 1 (beside its K), then fwd.py's step
+                        vh = self._ring_take(rings, k_idx + 1, k_par, u - 1)
+                        k_idx, k_par = self._ring_pos(rings, u)
                     else:
                         vh = kv_cons.wait_and_advance()
                     self._exact_step(qk_mma, pv_mma, acc_s, acc_o, tOrP, sQi, tSrK, tOrV, koff,
-                                     self._k_source(kv_cons, rings, u), vh, row_max, row_sum, row_g, scale_log2,
-                                     alpha, bias, cnt, tScS, kk_tail == u, rem, self._pp(c, u, pp_n))
+                                     self._k_source(kv_cons, rings, (k_idx, k_par), u), vh, row_max, row_sum, row_g,
+                                     scale_log2, alpha, bias, cnt, tScS, kk_tail == u, rem, self._pp(c, u, pp_n))
                     self._rescale_o(acc_o, alpha)
                     self._to_p(acc_s, tOrP)
                 if n_valid > 0:  # (n_vt = 0: the turns after the last exact tile; else those before the virtual ones)

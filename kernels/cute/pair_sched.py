@@ -4,8 +4,8 @@
   (marked in the lists copied to shared memory at the CTA's start: _mark_shared) is loaded once, into ring r by
   producer warp r when its rank among the shared blocks has parity r (_produce_rings). Each consumer takes the
   shared tiles first, from both rings, then its own ones from its own ring, with stage and phase in closed form
-  (_ring_wait); a shared slot frees when both consumers released it (count-1 arrivals of each, against count-2
-  arrivals for an own tile: _ring_arrive). No consumer waits for or releases a tile it does not compute: the split
+  (_ring_pos, once per tile); a shared slot frees when both consumers released it (count-1 arrivals of each,
+  against count-2 arrivals for an own tile: _ring_arrive). No consumer waits for or releases a tile it does not compute: the split
   order of session 30 (one ring over the union) lost to the per-list rings by its passes over the other list's tiles
   (bench/results/pieces_h200.md, Session 31);
 * pingpong (PSA_CUTE_PINGPONG): the consumers issue their GEMMs in turn on named barriers 3 and 4, FlashAttention-3's
@@ -142,28 +142,44 @@ class PairSchedule:
         return full0, empty0, c, m, 2 * ((m + 1 - c) >> 1) - 2 * m
 
     @cute.jit
-    def _ring_wait(self, rings, u, half):
-        """share: wait for consumer c's exact tile u, K (half 0) or V (half 1), and return its handle (index: the
-        stage in sK / sV over both rings; release(): this warp's arrival). Tile u < m is shared rank u: ring u % 2,
-        that ring's load 2 (u // 2) + half; an own tile comes after the ceil((m - c) / 2) shared blocks of ring c.
-        Stage and phase of load L in a ring of S: L % S, (L // S) % 2 (each consumer waits on every load of a ring
-        it reads in order, so no wait can see an older phase as its own: tests/test_split_rings_model.py). All of
-        it in shifts and masks (S a power of two, u and L never negative): session 32's first build wrote it with
-        // and %, signed floor divisions whose sign fix-ups made the exact loop 626 SASS instructions per tile
-        against the per-list loop's 593, which the H100 measured as +5% cycles on random inputs."""
+    def _ring_pos(self, rings, u):
+        """share: where consumer c's exact tile u sits, as (idx, parity): its K tile in stage idx of sK over both
+        rings (ring S + stage), its V tile in idx + 1 with the same parity (a tile's K and V are loads 2 j and 2 j + 1
+        of a ring of even S: the same window of S loads). Tile u < m is shared rank u: ring u % 2, that ring's load
+        2 (u // 2); an own tile comes after the ceil((m - c) / 2) shared blocks of ring c. Stage and phase of load L
+        in a ring of S: L % S, (L // S) % 2 (each consumer waits on every load of a ring it reads in order, so no
+        wait can see an older phase as its own: tests/test_split_rings_model.py). All of it in shifts and masks (S a
+        power of two, u and L never negative), once per tile: session 32's first build computed it per K and per V
+        wait in signed // and %, whose sign fix-ups made the exact loop 626 SASS instructions per tile against the
+        per-list loop's 593, which the H100 measured as +5% cycles on random inputs."""
         S = self.kv_stages
         s_log2 = S.bit_length() - 1
-        full0, empty0, c, m, own0 = rings
+        _, _, c, m, own0 = rings
         ring = cutlass.Int32(c)
-        load = own0 + 2 * u + half
-        units = cutlass.Int32(2)
+        load = own0 + 2 * u
         if u < m:
             ring = u & 1
-            load = u - ring + half
+            load = u - ring
+        return (ring << s_log2) + (load & (S - 1)), (load >> s_log2) & 1
+
+    @cute.jit
+    def _ring_take(self, rings, idx, parity, u):
+        """share: wait for the load in stage idx (over both rings) at `parity`, one of tile u's, and return its handle
+        (index; release(): this warp's arrival, one unit for a shared tile, two for an own one)."""
+        s_log2 = self.kv_stages.bit_length() - 1
+        full0, empty0, _, m, _ = rings
+        slot = idx + ((idx >> s_log2) << s_log2)  # its full / empty barriers: 2 S per ring
+        units = cutlass.Int32(2)
+        if u < m:
             units = cutlass.Int32(1)
-        slot = (ring << (s_log2 + 1)) + (load & (S - 1))  # full / empty barrier of (ring, stage): 2 S per ring
-        cute.arch.mbarrier_wait(full0 + slot, (load >> s_log2) & 1)
-        return _RingTile(self, (ring << s_log2) + (load & (S - 1)), empty0 + slot, units)
+        cute.arch.mbarrier_wait(full0 + slot, parity)
+        return _RingTile(self, idx, empty0 + slot, units)
+
+    @cute.jit
+    def _ring_wait(self, rings, u, half):
+        """share: tile u's K (half 0) or V (half 1), waited for (outside the exact loop, which carries _ring_pos)."""
+        idx, parity = self._ring_pos(rings, u)
+        return self._ring_take(rings, idx + half, parity, u)
 
     @cute.jit
     def _ring_arrive(self, empty, units):
@@ -312,10 +328,10 @@ class _RingTile:
 
 class RingCursor:
     """share: stands in for a consumer's exact pipeline where the loop asks for "the next K tile" (fwd_pair's
-    _exact_step): K of tile u."""
+    _exact_step): K of tile u, in stage idx at parity (pair_sched._ring_pos)."""
 
-    def __init__(self, sched, rings, u):
-        self.sched, self.rings, self.u = sched, rings, u
+    def __init__(self, sched, rings, idx, parity, u):
+        self.sched, self.rings, self.idx, self.parity, self.u = sched, rings, idx, parity, u
 
     def wait_and_advance(self):
-        return self.sched._ring_wait(self.rings, self.u, 0)
+        return self.sched._ring_take(self.rings, self.idx, self.parity, self.u)
