@@ -93,11 +93,11 @@ L)  # every piece at 480p, 720p and FLUX.1 with the session-7 defaults, both bac
     ;;
 U33)  # session 32's split rings (PSA_CUTE_PAIR_SHARE; carry .carry/cs1; ~4 min): re-timed after their ring arithmetic
     # went from signed // and %, per K and per V wait, to shifts and masks once per tile (pair_sched._ring_pos: the
-    # exact loop 626 -> 598 SASS instructions per tile, the per-list loop 593). U32 (session 32, H100, the 626 build):
+    # exact loop 626 -> 595 SASS instructions per tile, the per-list loop 593). U32 (session 32, H100, the 626 build):
     # 38 share tests passed; DiT-like exact part -0.4% / -0.1% (+2.4% cycles at +3% clock), random +2.6% / +3.1%
     # (+4.6% / +6.1% cycles), the node's call at 480p +5.3%: off (bench/results/pieces_h200.md, Session 32). The steps
     # are U32's.
-    # PREDICTION (written before timing): cycles fall by the instructions' share, ~4.5% (28 of 626; U32's random loss
+    # PREDICTION (written before timing): cycles fall by the instructions' share, ~5% (31 of 626; U32's random loss
     # matched its +5.6% instructions): DiT-like novt and pwt -3 to -5.5% (time), random -2 to +0.5%, the node's 480p
     # call -1 to +2%.
     # RULE (U30's): PAIR_SHARE on by default if every share test passes, DiT-like novt and pwt are >= 3% faster in

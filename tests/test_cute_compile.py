@@ -137,7 +137,7 @@ def test_query_fragment_holds_column_pairs_of_one_row(res):
 
 def test_shared_exact_tiles_wait_on_run_time_phases(res):
     """The shared exact tiles (fwd_pair share=True) are waited for on run-time barriers: the split rings
-    (session 32, pair_sched._ring_wait) compute each tile's ring, stage and phase from the tile's rank, so even the
+    (session 32, pair_sched._ring_pos) compute each tile's ring, stage and phase from the tile's rank, so even the
     first exact wait is on a run-time slot and parity, where the one-list build waits on slot 0, phase 0. The
     shared build therefore has exactly one constant-parity wait fewer; more would mean a wait whose phase stopped
     following the ring (session 9's first shared build kept a pipeline's state from before a dynamic loop, waited

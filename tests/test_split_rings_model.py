@@ -1,5 +1,5 @@
 """The split-rings shared exact tiles (designed in session 31, bench/results/pieces_h200.md "Session 31"; built in
-session 32: kernels/cute/pair_sched.py _produce_rings, _ring_wait, _ring_arrive)
+session 32: kernels/cute/pair_sched.py _produce_rings, _ring_pos, _ring_take, _ring_arrive)
 modelled down to its mbarriers on the CPU, with test_union_barrier_model.py's Barrier (phase and arrival counts,
 transaction bytes, `try_wait.parity` as the hardware does it) and TMA loads that land in any order.
 

@@ -478,7 +478,7 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                 if n_vt > 0:
                     if n_valid > 0:  # step n_valid: V of the last exact tile, the first k-bar tile
                         if cutlass.const_expr(self.share):
-                            vh = self._ring_wait(rings, n_valid - 1, 1)
+                            vh = self._ring_take(rings, k_idx + 1, k_par, n_valid - 1)
                         else:
                             vh = kv_cons.wait_and_advance()
                         kh = vp_cons.wait_and_advance()
@@ -524,7 +524,7 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                     vhl.release()
                 else:
                     if cutlass.const_expr(self.share):
-                        vhl = self._ring_wait(rings, n_valid - 1, 1)
+                        vhl = self._ring_take(rings, k_idx + 1, k_par, n_valid - 1)
                     else:
                         vhl = kv_cons.wait_and_advance()
                     self._issue_rs(pv_mma, acc_o, tOrP, tOrV[(None, None, None, koff + vhl.index)])

@@ -5,9 +5,9 @@
   producer warp r when its rank among the shared blocks has parity r (_produce_rings). Each consumer takes the
   shared tiles first, from both rings, then its own ones from its own ring, with stage and phase in closed form
   (_ring_pos, once per tile); a shared slot frees when both consumers released it (count-1 arrivals of each,
-  against count-2 arrivals for an own tile: _ring_arrive). No consumer waits for or releases a tile it does not compute: the split
-  order of session 30 (one ring over the union) lost to the per-list rings by its passes over the other list's tiles
-  (bench/results/pieces_h200.md, Session 31);
+  against count-2 arrivals for an own tile: _ring_arrive). No consumer waits for or releases a tile it does not
+  compute: the split order of session 30 (one ring over the union) lost to the per-list rings by its passes over the
+  other list's tiles (bench/results/pieces_h200.md, Session 31);
 * pingpong (PSA_CUTE_PINGPONG): the consumers issue their GEMMs in turn on named barriers 3 and 4, FlashAttention-3's
   warpgroup ping-pong (_pp, _turn, _handover, _pass_turns). Both take the same turns: exact tile u at turn u, virtual
   tile t at turn pp_v + t (pp_v, the longer list's length), the shorter list's missing turns passed empty before its
@@ -117,7 +117,7 @@ class PairSchedule:
         for i in cutlass.range(n_c, unroll=1):
             x = sL[i, c]
             if x >= SHARED:
-                if r % 2 == c:
+                if (r & 1) == c:
                     kv_prod = self._ring_load(kv_prod, x - SHARED, c * S, tma_k, tKg, tKs, tma_v, tVg, tVs, hb)
                 r = r + 1
         for i in cutlass.range(n_c, unroll=1):
@@ -136,9 +136,9 @@ class PairSchedule:
         return kv_prod
 
     def _rings(self, full0, empty0, c, m):
-        """share: what _ring_wait needs, fixed per consumer: ring 0's full and empty barriers, this consumer c, the
-        number m of shared blocks, and own0, the ring-c load of own tile u = 0 (2 ceil((m - c) / 2) - 2 m: own tile
-        u is load own0 + 2 u), computed once here instead of per wait (m >= 0, so the halving is a shift)."""
+        """share: what _ring_pos and _ring_take need, fixed per consumer: ring 0's full and empty barriers, this
+        consumer c, the number m of shared blocks, and own0, the ring-c load of own tile u = 0 (2 ceil((m - c) / 2)
+        - 2 m: own tile u is load own0 + 2 u), computed once here instead of per wait (m >= 0: the halving a shift)."""
         return full0, empty0, c, m, 2 * ((m + 1 - c) >> 1) - 2 * m
 
     @cute.jit
@@ -174,12 +174,6 @@ class PairSchedule:
             units = cutlass.Int32(1)
         cute.arch.mbarrier_wait(full0 + slot, parity)
         return _RingTile(self, idx, empty0 + slot, units)
-
-    @cute.jit
-    def _ring_wait(self, rings, u, half):
-        """share: tile u's K (half 0) or V (half 1), waited for (outside the exact loop, which carries _ring_pos)."""
-        idx, parity = self._ring_pos(rings, u)
-        return self._ring_take(rings, idx + half, parity, u)
 
     @cute.jit
     def _ring_arrive(self, empty, units):

@@ -85,7 +85,7 @@ PAIR_SHARE_MAX_SEL = 256  # both lists in its shared memory (2 KiB); longer ones
 # DiT-like exact part 5.233 -> 5.212 ms (-0.4%; second order -0.1%), +2.4% cycles at a 3% higher clock; random +2.6%
 # / +3.1% (+4.6% / +6.1% cycles); the node's call at 480p +5.3%: off. Its exact loop had 626 SASS instructions per
 # tile against the per-list 593 (+5.6%, the size of the random loss): the ring arithmetic in signed // and %; now
-# shifts and masks, once per tile (the V wait reuses its K's stage), 598 (bench/probes/cute_sass_loops.py share=1),
+# shifts and masks, once per tile (the V wait reuses its K's stage), 595 (bench/probes/cute_sass_loops.py share=1),
 # not yet timed (gpu_round.sh U33)
 # the pair build on the Morton path reading the caller's query rows through the permutation and writing the output
 # through it (fwd_pair.py q_perm: no q copy, no scatter, q's copy no longer in the peak). PSA_CUTE_PAIR_Q_PERM=1/0
