@@ -125,6 +125,24 @@ U33)  # session 32's split rings (PSA_CUTE_PAIR_SHARE; carry .carry/cs1; ~4 min)
     decide PSA_CUTE_PAIR_SHARE "$OUT/share_clocks_random.txt" --clocks 1.01
     decide PSA_CUTE_PAIR_SHARE "$OUT/share_ab.txt" --rows _cute --max-ratio 1.01 --tests "$OUT/tests_share.log"
     ;;
+G33)  # session 33 (no carry needed; ~1.5 min): can a Morton block come from raster order in ONE TMA request? G31 found
+    # 16 boxes of 4 rows per tile at 0.23x / 0.38x of one 64-row box (P 132 / 264): no run-gather build. An interior
+    # Morton block is a 4 x 4 x 4 cube of the latent grid, which one 4-D box [4, 4, 4, 128] fetches (TMA takes up to 5
+    # dimensions). bench/probes/l2_ingress.py PROBE_BOX_CUBE=1 against 64-row boxes, rows contiguous (one head, as
+    # after a layout pass) and 40 heads apart (the caller's [B, L, H * D] read in place), L2-resident (16 MB per head).
+    # PREDICTION (written before the run): the cube within 10% of the 64-row box at P 132 and 264 in both layouts (one
+    # request per tile either way; the 40-head spacing only changes addresses, 256-byte rows in both).
+    # RULE for a copy-free Morton build (attention reading cubes from the caller's layout): only if the cube keeps
+    # >= 0.9x the 64-row box's TB/s at P 132 and 264 in the 40-head layout.
+    for heads in 1 40; do
+        for cube in 0 1; do
+            log "l2_ingress heads $heads cube $cube"
+            PROBE_BOX_CUBE=$cube PROBE_ROW_HEADS=$heads PROBE_BUFFER_MB=16 PROBE_PROGRAMS=66,132,264 PROBE_SECONDS=1 \
+                timeout 120 python bench/probes/l2_ingress.py > "$OUT/l2_h${heads}_c$cube.txt" 2>&1
+            log "rc=$? $(grep RESULT "$OUT/l2_h${heads}_c$cube.txt" | cut -c1-900)"
+        done
+    done
+    ;;
 BE)  # the break-even table on whatever card this is (carry .carry/cs1; ~4 min): bench/pieces.py --breakeven, installed
     # into nodes/breakeven_<gpu slug>.json on the device and copied back (commit it beside breakeven_h200.json)
     python -c "import cutlass.cute" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: Triton only"

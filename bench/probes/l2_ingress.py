@@ -21,6 +21,12 @@ PROBE_BOX_ROWS=R (session 31; default 64) loads each 64-row tile as 64 / R boxes
 pattern of a kernel that would read a Morton block straight from the caller's raster layout (an interior 4 x 4 x 4
 block is 16 runs of 4 tokens adjacent along W) instead of from block-order copies. Session 31 on an H100 (R = 64):
 32-34 bytes per clock per program at P 16-66, 7.4-7.8 TB/s at P 132-264 (bench/results/l2_ingress_s31_h100.txt).
+Session 32 (G31, H100): R = 4 at 0.23x / 0.38x of R = 64's TB/s at P 132 / 264.
+
+PROBE_BOX_CUBE=1 (session 33) loads each tile as ONE 4-D box [4, 4, 4, 128] over the buffer viewed as a latent grid
+[F, H, W, 128] (W fastest): the 4 x 4 x 4 cube of raster-order tokens an interior Morton block is, in one TMA request
+instead of 16 boxes of 4 rows. PROBE_ROW_HEADS=h (default 1) spaces the rows h * 128 elements apart with the other
+heads' columns unread: the caller's [B, L, H * D] layout read in place (h = 40: Wan2.1-14B), no layout pass.
 
     python bench/probes/l2_ingress.py
     TRITON_INTERPRET=1 PROBE_SMOKE=1 python bench/probes/l2_ingress.py     (CPU: the kernel's sums checked, no timing)
@@ -49,6 +55,8 @@ ITERS = int(os.environ.get("PROBE_ITERS", "4096"))
 STAGES = int(os.environ.get("PROBE_STAGES", "4"))
 BUFFERS_MB = [int(b) for b in os.environ.get("PROBE_BUFFER_MB", "16,2048").split(",")]
 BOX_ROWS = int(os.environ.get("PROBE_BOX_ROWS", "64"))
+CUBE = os.environ.get("PROBE_BOX_CUBE", "0") == "1"
+ROW_HEADS = int(os.environ.get("PROBE_ROW_HEADS", "1"))
 SECONDS = float(os.environ.get("PROBE_SECONDS", "2"))
 BM, BD = 64, 128  # one K or V tile of the pair kernel
 
@@ -66,17 +74,55 @@ def _stream_kernel(desc, OUT, n_tiles, iters, BM: tl.constexpr, BD: tl.constexpr
     tl.store(OUT + pid, tl.sum(tl.sum(acc, axis=1), axis=0))
 
 
+@triton.jit
+def _cube_kernel(desc, OUT, n_hc, n_wc, n_tiles, iters, BD: tl.constexpr, STAGES: tl.constexpr):
+    """Each tile one [4, 4, 4, BD] box of the [F, H, W, BD] grid view: cube t at (t // (n_hc n_wc), t // n_wc % n_hc,
+    t % n_wc) in cube units, the same scattered walk as _stream_kernel."""
+    pid = tl.program_id(0)
+    acc = tl.zeros([64, BD], dtype=tl.float32)
+    for i in tl.range(0, iters, num_stages=STAGES):
+        t = (pid * 7919 + i * 131) % n_tiles
+        cf = t // (n_hc * n_wc)
+        ch = (t // n_wc) % n_hc
+        cw = t % n_wc
+        acc += tl.reshape(desc.load([cf * 4, ch * 4, cw * 4, 0]), [64, BD]).to(tl.float32)
+    tl.store(OUT + pid, tl.sum(tl.sum(acc, axis=1), axis=0))
+
+
+def _grid(rows):
+    """[F, H, W] with H = W = 64 (a whole number of 4 x 4 x 4 cubes) holding `rows` tokens."""
+    assert rows % (64 * 64 * 4) == 0, rows
+    return rows // (64 * 64), 64, 64
+
+
+def _cube_tokens(rows, t):
+    """The raster rows of cube t (the cube kernel's order: f, h, w)."""
+    f, h, w = _grid(rows)
+    n_hc, n_wc = h // 4, w // 4
+    cf, ch, cw = t // (n_hc * n_wc), t // n_wc % n_hc, t % n_wc
+    return [((cf * 4 + a) * h + ch * 4 + b) * w + cw * 4 + c for a in range(4) for b in range(4) for c in range(4)]
+
+
 def _rows(n_tiles, p, i, j, r):
     """The first row of box j of program p's tile i (the kernel's walk)."""
     t = (p * 7919 + i * 131) % n_tiles
     return ((t + j * 977) % n_tiles) * BM + ((j * 5) % (BM // r)) * r
 
 
-def run(buf, programs, iters, r=None):
+def run(buf, programs, iters, r=None, cube=None):
+    """buf: [rows, ROW_HEADS * BD]; only its first BD columns (one head) are read."""
+    cube = CUBE if cube is None else cube
+    out = torch.empty(programs, device=buf.device, dtype=torch.float32)
+    rows, st = buf.shape[0], buf.stride(0)
+    if cube:
+        f, h, w = _grid(rows)
+        desc = TensorDescriptor(buf, [f, h, w, BD], [h * w * st, w * st, st, 1], [4, 4, 4, BD])
+        _cube_kernel[(programs,)](desc, out, h // 4, w // 4, rows // 64, iters, BD=BD, STAGES=STAGES, num_warps=4)
+        return out
     r = BOX_ROWS if r is None else r
     assert BM % r == 0, f"PROBE_BOX_ROWS={r} must divide {BM}"
     out = torch.empty(programs, device=buf.device, dtype=torch.float32)
-    desc = TensorDescriptor(buf, list(buf.shape), list(buf.stride()), [r, BD])
+    desc = TensorDescriptor(buf, [rows, BD], [st, 1], [r, BD])
     _stream_kernel[(programs,)](desc, out, buf.shape[0] // BM, iters, BM=BM, BD=BD, STAGES=STAGES, R=r, num_warps=4)
     return out
 
@@ -92,19 +138,27 @@ def smoke():
             want = sum(buf[_rows(n, p, i, j, r):][:r].float().sum() for i in range(5) for j in range(BM // r))
             assert abs(float(out[p]) - float(want)) <= 1e-2 * (1 + abs(float(want))), (r, p, float(out[p]),
                                                                                           float(want))
-    print("RESULT " + json.dumps({"smoke": "ok", "programs": 3, "iters": 5, "box_rows": [BM, 4]}))
+    for heads in (1, 2):  # one 4-D box per tile, rows contiguous and spaced two heads apart
+        big = torch.randn(64 * 64 * 4, heads * BD).to(torch.bfloat16)
+        n = big.shape[0] // 64
+        out = run(big, 3, 5, cube=True)
+        for p in range(3):
+            want = sum(big[_cube_tokens(big.shape[0], (p * 7919 + i * 131) % n), :BD].float().sum() for i in range(5))
+            assert abs(float(out[p]) - float(want)) <= 1e-2 * (1 + abs(float(want))), ("cube", heads, p,
+                                                                                         float(out[p]), float(want))
+    print("RESULT " + json.dumps({"smoke": "ok", "programs": 3, "iters": 5, "box_rows": [BM, 4], "cube": [1, 2]}))
 
 
 def main():
     from clocks import sampler, samples
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "sms": torch.cuda.get_device_properties(0).multi_processor_count, "tile_bytes": BM * BD * 2,
-           "iters": ITERS, "stages": STAGES, "box_rows": BOX_ROWS}
+           "iters": ITERS, "stages": STAGES, "box_rows": BOX_ROWS, "cube": CUBE, "row_heads": ROW_HEADS}
     path = tempfile.NamedTemporaryFile(suffix=".csv", delete=False).name
     proc = sampler(path)
     for mb in BUFFERS_MB:
-        rows = (mb * 2**20) // (BD * 2) // BM * BM
-        buf = torch.randn(rows, BD, device="cuda").to(torch.bfloat16)
+        rows = (mb * 2**20) // (BD * 2) // (64 * 64 * 4) * (64 * 64 * 4)  # one head's bytes: mb (whole cubes)
+        buf = torch.randn(rows, ROW_HEADS * BD, device="cuda").to(torch.bfloat16)
         for p in PROGRAMS:
             run(buf, p, 8)  # compile
             torch.cuda.synchronize()
