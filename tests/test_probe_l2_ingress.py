@@ -1,6 +1,7 @@
 """bench/probes/l2_ingress.py's kernel on the CPU (Triton interpreter, a subprocess so TRITON_INTERPRET is set before
 triton loads): each program's sum equals the sum of the boxes its walk reads, for whole 64-row tiles and for the
-16 boxes of 4 rows per tile that PROBE_BOX_ROWS=4 times (bench/gpu_round.sh G31)."""
+16 boxes of 4 rows per tile that PROBE_BOX_ROWS=4 times (bench/gpu_round.sh G31), and for one 4-D box per tile over a
+latent-grid view, rows contiguous and two heads apart, that PROBE_BOX_CUBE=1 times (G33)."""
 import json
 import os
 import subprocess
@@ -20,4 +21,4 @@ def test_l2_ingress_smoke_sums_every_box_it_reads():
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")][-1]
     res = json.loads(line[len("RESULT "):])
-    assert res["smoke"] == "ok" and res["box_rows"] == [64, 4]
+    assert res["smoke"] == "ok" and res["box_rows"] == [64, 4] and res["cube"] == [1, 2]
