@@ -125,20 +125,33 @@ U33)  # session 32's split rings (PSA_CUTE_PAIR_SHARE; carry .carry/cs1; ~4 min)
     decide PSA_CUTE_PAIR_SHARE "$OUT/share_clocks_random.txt" --clocks 1.01
     decide PSA_CUTE_PAIR_SHARE "$OUT/share_ab.txt" --rows _cute --max-ratio 1.01 --tests "$OUT/tests_share.log"
     ;;
-G33)  # session 33 (no carry needed; ~1.5 min): can a Morton block come from raster order in ONE TMA request? G31 found
-    # 16 boxes of 4 rows per tile at 0.23x / 0.38x of one 64-row box (P 132 / 264): no run-gather build. An interior
-    # Morton block is a 4 x 4 x 4 cube of the latent grid, which one 4-D box [4, 4, 4, 128] fetches (TMA takes up to 5
-    # dimensions). bench/probes/l2_ingress.py PROBE_BOX_CUBE=1 against 64-row boxes, rows contiguous (one head, as
-    # after a layout pass) and 40 heads apart (the caller's [B, L, H * D] read in place), L2-resident (16 MB per head).
-    # PREDICTION (written before the run): the cube within 10% of the 64-row box at P 132 and 264 in both layouts (one
-    # request per tile either way; the 40-head spacing only changes addresses, 256-byte rows in both).
-    # RULE for a copy-free Morton build (attention reading cubes from the caller's layout): only if the cube keeps
-    # >= 0.9x the 64-row box's TB/s at P 132 and 264 in the 40-head layout.
+G33)  # session 33 (carry .carry/cs1; ~6 min): Morton blocks straight from the caller's layout, without the node's
+    # block-order copies (480p: 1 GB written, 1.74x q of scratch, +5.7% time). An aligned 4 x 4 x 4 cube of the latent
+    # grid is one 5-D TMA box of [B, L, H * D]; CuTe builds it from a hierarchical token mode with the kernel unchanged
+    # (bench/probes/cube_exact.py, compiled on the CPU: cp.async.bulk.tensor.5d). Part 1: cube_exact.py on a whole-cube
+    # grid (20 x 28 x 52, H40), forms A (cube-order copies, today), B (k, v through the cube view), C (q, k, v, out
+    # through it), DiT-like then random inputs. Part 2: l2_ingress.py, one 4-D box per tile against 64-row boxes,
+    # rows contiguous and 40 heads apart (G31's stream probe; 16 MB per head, L2-resident).
+    # PREDICTION (written before the run): B and C equal A exactly (the same tiles in the same order); C's novt and pwt
+    # within 2% of A's (one TMA request per tile either way; 256-byte rows, 40 heads apart only changes addresses);
+    # the copies C saves ~0.5-1.2 ms (q, k, v gathered, out scattered, torch index ops); l2_ingress cube within 10% of
+    # the 64-row box at P 132 and 264 in both layouts.
+    # RULE for a copy-free Morton build (interior cubes through the view, the rest of each grid from copies): only if
+    # C's outputs equal A's (max abs diff 0 or within bf16 rounding, 2^-8 relative) and C's novt and pwt times are
+    # <= 1.02x A's in both orders, on DiT-like and random inputs.
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || log "cutlass-dsl not importable"
+    for inp in ditlike random; do
+        log "cube_exact $inp"
+        PROBE_INPUTS=$inp timeout 200 python bench/probes/cube_exact.py > "$OUT/cube_exact_$inp.txt" 2>&1
+        log "rc=$? $(grep -E '^check|RESULT' "$OUT/cube_exact_$inp.txt" | tr '\n' ' ' | cut -c1-1500)"
+        [ $SECONDS -gt 420 ] && break
+    done
     for heads in 1 40; do
         for cube in 0 1; do
+            [ $SECONDS -gt 560 ] && break
             log "l2_ingress heads $heads cube $cube"
             PROBE_BOX_CUBE=$cube PROBE_ROW_HEADS=$heads PROBE_BUFFER_MB=16 PROBE_PROGRAMS=66,132,264 PROBE_SECONDS=1 \
-                timeout 120 python bench/probes/l2_ingress.py > "$OUT/l2_h${heads}_c$cube.txt" 2>&1
+                timeout 60 python bench/probes/l2_ingress.py > "$OUT/l2_h${heads}_c$cube.txt" 2>&1
             log "rc=$? $(grep RESULT "$OUT/l2_h${heads}_c$cube.txt" | cut -c1-900)"
         done
     done

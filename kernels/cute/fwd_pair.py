@@ -153,7 +153,7 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                 sL: cute.struct.MemRange[cutlass.Int32, 2 * SHARE_MAX_SEL]
 
         self.smem = Smem
-        n_q = cute.ceil_div(mQ.shape[0], BS)
+        n_q = cute.ceil_div(cute.size(mQ, mode=[0]), BS)  # (a hierarchical token mode: its size)
         tmas = hs["tmas"]
         if cutlass.const_expr(self.q_perm):  # no query TMA: its two slots carry the permutation and q itself
             tmas = (mPerm, mQ) + tmas[2:]
@@ -256,7 +256,7 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
         i_p, i_h, i_b = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = cute.arch.make_warp_uniform(tidx // 128)
-        T = mO.shape[0]
+        T = cute.size(mO, mode=[0])
         n_kv = (T + BS - 1) // BS
         n_sel = mIdx.shape[3]
         S = self.kv_stages
