@@ -156,6 +156,16 @@ G33)  # session 33 (carry .carry/cs1; ~6 min): Morton blocks straight from the c
         done
     done
     ;;
+G33B)  # session 33, after G33 (no carry needed beyond cutlass-dsl; ~2 min): G33's cube views gave outputs unlike the
+    # copies' (max abs diff 1.12 of 4.19 DiT-like, 0.045 of 0.065 random) at times within 1-4% of them. Is it the load?
+    # bench/probes/cube_tma.py copies tiles through the same TMA atoms (flat, cube, cube1, cubes views; the caller's
+    # and a contiguous layout) and compares with the block-order gather. PREDICTION: flat exact; if the cube views
+    # differ, the folded TMA dimension (cube index, head and batch in one, tma_gbasis @4) is the cause and cube1 (fewer
+    # folded modes) may differ less; if every view is exact, the load is right and the kernel's use of the view is not.
+    log "cube_tma"
+    timeout 300 python bench/probes/cube_tma.py > "$OUT/cube_tma.txt" 2>&1
+    log "rc=$? $(grep -vE 'Deprecat|^  ' "$OUT/cube_tma.txt" | tr '\n' ' ' | cut -c1-2500)"
+    ;;
 BE)  # the break-even table on whatever card this is (carry .carry/cs1; ~4 min): bench/pieces.py --breakeven, installed
     # into nodes/breakeven_<gpu slug>.json on the device and copied back (commit it beside breakeven_h200.json)
     python -c "import cutlass.cute" 2>> "$OUT/round.log" || log "cutlass-dsl not importable: Triton only"
