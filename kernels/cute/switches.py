@@ -85,8 +85,12 @@ PAIR_SHARE_MAX_SEL = 256  # both lists in its shared memory (2 KiB); longer ones
 # DiT-like exact part 5.233 -> 5.212 ms (-0.4%; second order -0.1%), +2.4% cycles at a 3% higher clock; random +2.6%
 # / +3.1% (+4.6% / +6.1% cycles); the node's call at 480p +5.3%: off. Its exact loop had 626 SASS instructions per
 # tile against the per-list 593 (+5.6%, the size of the random loss): the ring arithmetic in signed // and %; now
-# shifts and masks, once per tile (the V wait reuses its K's stage), 595 (bench/probes/cute_sass_loops.py share=1),
-# not yet timed (gpu_round.sh U33)
+# shifts and masks, once per tile (the V wait reuses its K's stage), 595 (bench/probes/cute_sass_loops.py share=1).
+# Session 33, U33 on an H100 (share_clocks_*_s33_h100.txt): 38 share tests passed; DiT-like novt 5.276 -> 5.204 ms
+# (-1.4%; second order -1.4%), pwt -1.1% / -2.3%, still +2.5% cycles at a 4% higher clock; random novt +2.1% / +1.9%
+# (+4.1% / +5.0% cycles); the node's call at 480p 7.497 -> 7.901 (+5.4%, as U32's): off. With the loop at the
+# per-list size the cycles it adds are not its instructions; untested suspects: the 8-arrival empty barriers, the
+# rings coupled through shared tiles (a consumer waits for the other rank's loads)
 # the pair build on the Morton path reading the caller's query rows through the permutation and writing the output
 # through it (fwd_pair.py q_perm: no q copy, no scatter, q's copy no longer in the peak). PSA_CUTE_PAIR_Q_PERM=1/0
 # overrides. Session 10 (cute_pair_q_perm4_s10_h200.txt, as the node calls it, 4 rounds, medians): correct (max
