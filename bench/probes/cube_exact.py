@@ -13,7 +13,9 @@ layout, one routing on the cube-order copies (pwt d 0.125), three forms of the s
   A  q, k, v as cube-order copies (today's Morton path: contiguous block order), out in block order;
   B  q the copy, k and v the caller's tensors through the cube view (no k, v copies);
   C  q, k, v and out all through the cube view (no copies at all; out lands in the caller's layout).
-Checks B and C against A (the same tiles in the same order: equal up to nothing), then times each (novt: the exact
+Session 33's first run (G33) swapped fwd._compiled but not fwd._executors, so B and C ran A's build on the caller's
+tensors (raster tiles: outputs unlike A's); both caches are swapped now. Checks B and C against A (the same tiles in
+the same order: equal up to nothing), then times each (novt: the exact
 part alone, and pwt) in the order A B C C B A (CUDA events, median over PROBE_SECONDS each), and the copies C saves
 (q, k, v gathered into block order and the output scattered back, as torch index ops). Prints `RESULT {...}`.
 
@@ -95,10 +97,11 @@ def main():
     out_blk = torch.empty_like(blk[0])
     out_raw = torch.empty_like(raw[0].transpose(1, 2).contiguous()).transpose(1, 2)  # [B, L, H, D] as [B, H, L, D]
     caches = {"A": {}, "B": {}, "C": {}}
+    execs = {"A": {}, "B": {}, "C": {}}  # fwd._executor's per-device cache: keyed like _compiled, so swapped with it
     classes = {"A": kfp.PairFwdSm90, "B": cube_class("kv"), "C": cube_class("qkvo")}
 
     def call(form, probe):
-        kcf._compiled, kfp.PairFwdSm90 = caches[form], classes[form]
+        kcf._compiled, kcf._executors, kfp.PairFwdSm90 = caches[form], execs[form], classes[form]
         try:
             if form == "A":
                 return kcf.attention(*blk, out_blk, st, idx, vbias, cfg, probe=probe, pair=True)
