@@ -1,9 +1,9 @@
 # H200 device calls, one phase per call, run from the repository root with the cutlass-dsl site and ComfyUI's comfy/
 # files carried in one archive (bench/install_cute_site.sh unpacks it):
 #   carry [".carry/cs1"]    command: bash bench/gpu_round.sh PHASE
-# Session 33 (an H100) ran G33 (cube views of the caller's layout: outputs unlike the copies') and U33 (the split rings
-# at the per-list loop's size: off again); G33B (is the cube view's TMA load right?) is pending, and L when an H200 is
-# lent. Session 32 (an H100) ran U32 (the split rings: off), BE (nodes/breakeven_h100_80gb_hbm3.json), BW (32 passed
+# Session 33 (an H100) ran G33 (its cube forms ran the shipped build by a probe bug: executor cache) and U33 (the split
+# rings at the per-list loop's size: off again); G33R (the fixed probe, then G33B's TMA check) is pending, and L when an
+# H200 is lent. Session 32 (an H100) ran U32 (the split rings: off), BE (nodes/breakeven_h100_80gb_hbm3.json), BW (32 passed
 # after the sdpa_grads fix) and G31 (4-row boxes 0.23x: no run-gather build); U33's steps are U32's.
 # Session 31 (on an H100: no H200 came) ran U30 (off), F (296 passed), Q30 (off), M30, L and the backward tests
 # (results and decisions in bench/results/pieces_h200.md, Session 31). Sessions 30-31's phases U30, Q30, M30:
