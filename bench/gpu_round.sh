@@ -164,7 +164,7 @@ G33R)  # session 33 (carry .carry/cs1; ~4 min): G33 again with cube_exact.py fix
     python -c "import cutlass.cute" 2>> "$OUT/round.log" || log "cutlass-dsl not importable"
     for inp in ditlike random; do
         log "cube_exact $inp"
-        PROBE_INPUTS=$inp timeout 150 python bench/probes/cube_exact.py > "$OUT/cube_exact_$inp.txt" 2>&1
+        PROBE_SECONDS=1.5 PROBE_INPUTS=$inp timeout 150 python bench/probes/cube_exact.py > "$OUT/cube_exact_$inp.txt" 2>&1
         log "rc=$? $(grep -E '^check|RESULT' "$OUT/cube_exact_$inp.txt" | tr '\n' ' ' | cut -c1-1500)"
     done
     GPU_ROUND_NESTED=1 bash "$0" G33B
