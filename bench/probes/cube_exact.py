@@ -20,6 +20,8 @@ part alone, and pwt) in the order A B C C B A (CUDA events, median over PROBE_SE
 (q, k, v gathered into block order and the output scattered back, as torch index ops). Prints `RESULT {...}`.
 
     python bench/probes/cube_exact.py
+    PROBE_COMPILE_ONLY=1 PROBE_GRID=4,16,16 python bench/probes/cube_exact.py   (no GPU: forms B and C compiled for
+        sm_90a, the bulk-tensor copies of their PTX listed: the cube view's loads and store are 5-D)
 """
 import json
 import os
@@ -29,6 +31,13 @@ import time
 
 import torch
 
+COMPILE_ONLY = os.environ.get("PROBE_COMPILE_ONLY", "0") == "1"
+if COMPILE_ONLY:  # before cutlass initialises (tests/cute_compile_case.py's set-up)
+    import re
+    import tempfile
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    DUMP = tempfile.mkdtemp(prefix="psa_cube_")
+    os.environ.update(CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=DUMP, CUTE_DSL_DISABLE_FILE_CACHING="1")
 sys.path.insert(0, ".")
 import cutlass.cute as cute  # noqa: E402
 from kernels.config import SparseConfig  # noqa: E402
@@ -73,6 +82,39 @@ def cube_perm(device):
     # [F/4, 4, H/4, 4, W/4, 4] -> cube (fc, hc, wc) outer, (a, b, c) inner
     r = r.reshape(gf // 4, 4, gh // 4, 4, gw // 4, 4).permute(0, 2, 4, 1, 3, 5).reshape(-1)
     return r.to(device)
+
+
+def compile_only():
+    """Forms B and C traced and compiled at GRID with 2 heads (zeros: only layouts matter), without a GPU."""
+    import shutil
+
+    import cutlass
+    import cutlass.base_dsl.runtime.cuda as _cuda_rt
+    import cuda.bindings.driver as cuda
+    _cuda_rt.get_device_attribute = lambda *a, **k: 228 * 1024  # no driver: the H100/H200 shared memory per SM
+    T = GRID[0] * GRID[1] * GRID[2]
+    n = T // kcf.BS
+    blk = torch.zeros(1, 2, T, 128, dtype=torch.bfloat16)
+    raw = torch.zeros(1, T, 2, 128, dtype=torch.bfloat16).transpose(1, 2)  # the caller's [B, L, H * D]
+    kb = torch.zeros(1, 2, n, 128, dtype=torch.bfloat16)
+    hb = torch.zeros(1, 2, 128, 128, dtype=torch.bfloat16)
+    small = [kcf.from_dlpack(torch.zeros(1, 2, n, n, dtype=torch.float16), assumed_align=2).mark_layout_dynamic(
+        leading_dim=3), kcf.from_dlpack(torch.zeros(1, 2, n, 4, dtype=torch.int32), assumed_align=4)
+        .mark_layout_dynamic(leading_dim=3), kcf.from_dlpack(torch.zeros(T, dtype=torch.int32), assumed_align=4)
+        .mark_layout_dynamic(leading_dim=0)]
+    scal = [cutlass.Int32(1), cutlass.Float32(0.1), cutlass.Float32(0.1)]
+    res = {"grid": GRID}
+    for form, which, tensors in (("B", "kv", (blk, raw, raw, blk)), ("C", "qkvo", (raw, raw, raw, raw))):
+        for f in os.listdir(DUMP):
+            os.remove(os.path.join(DUMP, f))
+        kern = cube_class(which)(4, 4, 128, recip_store=True, pv_fence=True, s_ahead_vt=True, tma_store=True)
+        args = [kcf._cute(t) for t in (*tensors, kb, kb, hb)] + small
+        kcf.cute.compile(kern, *args, *scal, cuda.CUstream(0))
+        ptx = "".join(open(os.path.join(DUMP, f)).read() for f in os.listdir(DUMP) if f.endswith(".ptx"))
+        res[form] = sorted(set(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.[a-z_:]+\.[a-z_:]+", ptx)))
+        print(form, res[form], flush=True)
+    shutil.rmtree(DUMP, ignore_errors=True)
+    print("RESULT " + json.dumps(res), flush=True)
 
 
 def main():
@@ -157,4 +199,4 @@ def main():
     print("RESULT " + json.dumps(res), flush=True)
 
 
-main()
+compile_only() if COMPILE_ONLY else main()
