@@ -39,7 +39,9 @@ if COMPILE_ONLY:  # before cutlass initialises (tests/cute_compile_case.py's set
     DUMP = tempfile.mkdtemp(prefix="psa_cube_")
     os.environ.update(CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=DUMP, CUTE_DSL_DISABLE_FILE_CACHING="1")
 sys.path.insert(0, ".")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cutlass.cute as cute  # noqa: E402
+from cube_tma import cube_modes, cube_perm  # noqa: E402
 from kernels.config import SparseConfig  # noqa: E402
 from kernels.cute import fwd as kcf  # noqa: E402
 from kernels.cute import fwd_pair as kfp  # noqa: E402
@@ -53,13 +55,10 @@ assert all(g % 4 == 0 for g in GRID), f"PROBE_GRID {GRID}: every dimension a mul
 
 
 def cube_view(x):
-    """[B, H, T, D] (any strides) -> the same tensor with T split as ((4, 4, 4), (W/4, H/4, F/4)), w fastest."""
-    gf, gh, gw = GRID
-    s = x.stride[2]
-    return cute.make_tensor(x.iterator, cute.make_layout(
-        (x.shape[0], x.shape[1], ((4, 4, 4), (gw // 4, gh // 4, gf // 4)), x.shape[3]),
-        stride=(x.stride[0], x.stride[1],
-                ((s, gw * s, gh * gw * s), (4 * s, 4 * gw * s, 4 * gh * gw * s)), x.stride[3])))
+    """[B, H, T, D] (any strides) -> the same tensor with T split into GRID's 4 x 4 x 4 cubes (cube_tma.cube_modes)."""
+    t_shape, t_stride = cube_modes(GRID, x.stride[2])
+    return cute.make_tensor(x.iterator, cute.make_layout((x.shape[0], x.shape[1], t_shape, x.shape[3]),
+                                                         stride=(x.stride[0], x.stride[1], t_stride, x.stride[3])))
 
 
 def cube_class(which):
@@ -72,16 +71,6 @@ def cube_class(which):
                 mQ4, mO4 = cube_view(mQ4), cube_view(mO4)
             return super()._host_setup(mQ4, mK4, mV4, mO4, mKb4, mVm4, mH4, q_stages, kv_stages)
     return CubePair
-
-
-def cube_perm(device):
-    """perm[i] = the raster token at block-order position i (cube raster order, raster inside a cube)."""
-    gf, gh, gw = GRID
-    f, h, w = torch.meshgrid(torch.arange(gf), torch.arange(gh), torch.arange(gw), indexing="ij")
-    r = (f * gh + h) * gw + w
-    # [F/4, 4, H/4, 4, W/4, 4] -> cube (fc, hc, wc) outer, (a, b, c) inner
-    r = r.reshape(gf // 4, 4, gh // 4, 4, gw // 4, 4).permute(0, 2, 4, 1, 3, 5).reshape(-1)
-    return r.to(device)
 
 
 def compile_only():
@@ -131,7 +120,7 @@ def main():
     # the caller's layout [B, L, H * D], seen as [B, H, L, D]
     raw = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in qkv]
     del qkv
-    perm = cube_perm(dev)
+    perm = cube_perm(GRID, dev)
     blk = [x[:, :, perm].contiguous() for x in raw]  # block-order copies
     cfg = SparseConfig(density=0.125, variant="pwt", band=1, n_sink_blocks=0, scale=128 ** -0.5)
     st = kts.block_stats(*blk, cfg)

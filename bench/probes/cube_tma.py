@@ -33,23 +33,31 @@ from cutlass.cute.runtime import from_dlpack  # noqa: E402
 BS, D = 64, 128
 
 
+def cube_modes(grid, s):
+    """The token mode of a latent grid [F, H, W] (raster order, token stride s) split into 4 x 4 x 4 cubes: shape
+    ((4, 4, 4), (W/4, H/4, F/4)) and its strides, w fastest at both levels (bench/probes/cube_exact.py uses it too)."""
+    gf, gh, gw = grid
+    return ((4, 4, 4), (gw // 4, gh // 4, gf // 4)), ((s, gw * s, gh * gw * s), (4 * s, 4 * gw * s, 4 * gh * gw * s))
+
+
+def cube_perm(grid, device):
+    """perm[i] = the raster token at block-order position i of cube_modes' order (cubes in raster order of the cube
+    grid, raster order inside a cube)."""
+    gf, gh, gw = grid
+    f, h, w = torch.meshgrid(torch.arange(gf), torch.arange(gh), torch.arange(gw), indexing="ij")
+    r = (f * gh + h) * gw + w
+    # [F/4, 4, H/4, 4, W/4, 4] -> cube (fc, hc, wc) outer, (f, h, w) inside it
+    return r.reshape(gf // 4, 4, gh // 4, 4, gw // 4, 4).permute(0, 2, 4, 1, 3, 5).reshape(-1).to(device)
+
+
 def view_of(x, kind, grid, heads):
     """[B, H, T, D] -> (T, D, (H, B)), T flat or as cube modes; "cubes": the caller's layout with its token and head
     strides static (heads * D, D), so CuTe can see each cube coordinate as a multiple of an in-cube stride."""
-    s = x.stride[2]
     if kind == "cubes":
-        s = heads * D
-        gf, gh, gw = grid
-        t_shape = ((4, 4, 4), (gw // 4, gh // 4, gf // 4))
-        t_stride = ((s, gw * s, gh * gw * s), (4 * s, 4 * gw * s, 4 * gh * gw * s))
+        t_shape, t_stride = cube_modes(grid, heads * D)
         return cute.make_tensor(x.iterator, cute.make_layout(
             (t_shape, D, (heads, x.shape[0])), stride=(t_stride, 1, (D, x.stride[0]))))
-    if kind == "flat":
-        t_shape, t_stride = x.shape[2], s
-    else:
-        gf, gh, gw = grid
-        t_shape = ((4, 4, 4), (gw // 4, gh // 4, gf // 4))
-        t_stride = ((s, gw * s, gh * gw * s), (4 * s, 4 * gw * s, 4 * gh * gw * s))
+    t_shape, t_stride = (x.shape[2], x.stride[2]) if kind == "flat" else cube_modes(grid, x.stride[2])
     return cute.make_tensor(x.iterator, cute.make_layout(
         (t_shape, x.shape[3], (x.shape[1], x.shape[0])), stride=(t_stride, x.stride[3], (x.stride[1], x.stride[0]))))
 
@@ -103,13 +111,6 @@ class TmaCopy:
             mOut[i_b, i_h, t * BS + r, c] = sX[r, c, 0]
 
 
-def cube_perm(grid, device):
-    gf, gh, gw = grid
-    f, h, w = torch.meshgrid(torch.arange(gf), torch.arange(gh), torch.arange(gw), indexing="ij")
-    r = (f * gh + h) * gw + w
-    return r.reshape(gf // 4, 4, gh // 4, 4, gw // 4, 4).permute(0, 2, 4, 1, 3, 5).reshape(-1).to(device)
-
-
 COMPILE_ONLY = os.environ.get("PROBE_COMPILE_ONLY", "0") == "1"
 
 
@@ -151,7 +152,8 @@ def main():
     res = {"gpu": "none" if COMPILE_ONLY else torch.cuda.get_device_name(), "torch": torch.__version__}
     cases = [("flat", (4, 8, 8), 2, 1, True), ("cube", (4, 8, 8), 2, 1, False), ("cube", (4, 8, 8), 2, 1, True),
              ("cube1", (4, 4, 16), 2, 1, True), ("cube", (8, 8, 8), 3, 2, True),
-             ("cube", (20, 28, 52), 40, 1, True), ("cubes", (8, 8, 8), 3, 2, True), ("cubes", (20, 28, 52), 40, 1, True)]
+             ("cube", (20, 28, 52), 40, 1, True), ("cubes", (8, 8, 8), 3, 2, True),
+             ("cubes", (20, 28, 52), 40, 1, True)]
     views = os.environ.get("PROBE_VIEWS", "flat,cube,cube1,cubes").split(",")
     for kind, grid, heads, batch, caller in cases:
         if kind not in views:
@@ -165,4 +167,5 @@ def main():
     print("RESULT " + json.dumps(res), flush=True)
 
 
-main()
+if __name__ == "__main__":
+    main()
