@@ -121,7 +121,6 @@ def run(buf, programs, iters, r=None, cube=None):
         return out
     r = BOX_ROWS if r is None else r
     assert BM % r == 0, f"PROBE_BOX_ROWS={r} must divide {BM}"
-    out = torch.empty(programs, device=buf.device, dtype=torch.float32)
     desc = TensorDescriptor(buf, [rows, BD], [st, 1], [r, BD])
     _stream_kernel[(programs,)](desc, out, buf.shape[0] // BM, iters, BM=BM, BD=BD, STAGES=STAGES, R=r, num_warps=4)
     return out
