@@ -71,6 +71,31 @@ def _():
     return out
 
 
+@case("gather_from_copies_only_the_tail")
+def _():
+    # the cube order's copies (block_stats gather_from): rows from 128 on only, in copies of T - 128 rows; the
+    # statistics as with every row copied; both kernels, with and without q's copy, bf16 and float32
+    T = 64 * 4 + 37
+    perm = torch.randperm(T, generator=torch.Generator().manual_seed(11)).to(torch.int32)
+    out = {}
+    for dt in (torch.float32, torch.bfloat16):
+        q, k, v = (rnd(1, 2, T, 64, seed=40 + s, dtype=dt) for s in range(3))
+        cfg = cfg_of(64, 0.3, "pwt")
+        for one_pass in (True, False):
+            for with_q in (False, True):
+                full = [torch.zeros_like(q) for _ in range(3)]
+                tail = [torch.zeros(1, 2, T - 128, 64, dtype=dt) for _ in range(3)]
+                a = run(one_pass, q, k, v, cfg, perm=perm, gathered=(full[0] if with_q else None, full[1], full[2]))
+                b = run(one_pass, q, k, v, cfg, perm=perm, gathered=(tail[0] if with_q else None, tail[1], tail[2]),
+                        gather_from=128)
+                d = diffs(b, a)
+                lo = int(not with_q)
+                d["tails_are_the_permuted_rows"] = all(torch.equal(t, apply_reorder(x, perm.long())[:, :, 128:])
+                                                       for t, x in zip(tail[lo:], (q, k, v)[lo:]))
+                out[f"{str(dt)[6:]}_{'one' if one_pass else 'two'}{'_q' if with_q else ''}"] = d
+    return out
+
+
 @case("programs_per_head_split_the_same_sum")
 def _():
     # 6 blocks over 1, 2, 3 (G 2) and 4 (G 2 -> 3 programs) programs per head: the same statistics and H-bar

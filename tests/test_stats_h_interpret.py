@@ -42,6 +42,15 @@ def test_one_pass_statistics_equal_the_two_pass_kernels(res):
             assert d["copies_equal"] and d["copies_are_the_permuted_inputs"], key
 
 
+def test_gather_from_copies_only_the_tail(res):
+    # the statistics must not depend on which rows are copied: equal up to float32 summation order at most
+    r = get(res, "gather_from_copies_only_the_tail")
+    assert len(r) == 8, sorted(r)
+    for key, d in r.items():
+        assert d.pop("tails_are_the_permuted_rows"), key
+        assert max(d.values()) <= TOL32, (key, d)
+
+
 def test_programs_per_head_split_the_same_sum(res):
     r = get(res, "programs_per_head_split_the_same_sum")
     assert [r[f"P{p}"]["parts"] for p in (2, 3, 4)] == [2, 3, 3]

@@ -42,7 +42,7 @@ def _block_stats_kernel(
     Q, K, V, PERM,
     KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, FIN, QG, KG, VG,
     sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t, sg_b, sg_h, sg_t, sgq_b, sgq_h, sgq_t,
-    HC, T, N, G,
+    HC, T, N, G, GOFF,
     D: tl.constexpr, DB: tl.constexpr, BS: tl.constexpr, NEED_PWT: tl.constexpr, NEED_V: tl.constexpr,
     NEED_FIN: tl.constexpr, HAS_PERM: tl.constexpr, PREFETCH: tl.constexpr, GATHER: tl.constexpr,
     GATHER_Q: tl.constexpr = True,
@@ -54,7 +54,8 @@ def _block_stats_kernel(
     block's reductions run, so a program always has a load in flight (Triton's pipeliner does not stage loads
     that feed reductions rather than dots). With GATHER (and PERM) the tiles read through the permutation are
     also written, in block order, to KG / VG (strides sg_*) and QG with GATHER_Q (its own strides sgq_*: it
-    may be a region of another buffer): the Morton gather rides on the statistics' read."""
+    may be a region of another buffer): the Morton gather rides on the statistics' read. Only block-order rows from
+    GOFF on are copied, to row (row - GOFF) of the copies (the cube order's interior is read in place)."""
     NSPLIT: tl.constexpr = D // DB
     i_g, i_s, i_b, i_h, i_bh, o_d = _column_split(HC, D=D, DB=DB)
     p_q = Q + i_b * sq_b + i_h * sq_h
@@ -72,7 +73,7 @@ def _block_stats_kernel(
                                         NEED_V=NEED_V or GATHER, HAS_PERM=HAS_PERM)
             _stats_write(b_q, b_k, b_v, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, FIN, QG, KG, VG, o_g, sg_t, o_gq,
                          sgq_t, T, N, j, i_bh, i_s, o_d, D=D, NSPLIT=NSPLIT, BS=BS, NEED_PWT=NEED_PWT, NEED_V=NEED_V,
-                         NEED_FIN=NEED_FIN, GATHER=GATHER, GATHER_Q=GATHER_Q)
+                         NEED_FIN=NEED_FIN, GATHER=GATHER, GATHER_Q=GATHER_Q, GOFF=GOFF)
             b_q, b_k, b_v = n_q, n_k, n_v
     else:
         for j in range(j0, j1):
@@ -80,7 +81,7 @@ def _block_stats_kernel(
                                         NEED_V=NEED_V or GATHER, HAS_PERM=HAS_PERM)
             _stats_write(b_q, b_k, b_v, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, FIN, QG, KG, VG, o_g, sg_t, o_gq,
                          sgq_t, T, N, j, i_bh, i_s, o_d, D=D, NSPLIT=NSPLIT, BS=BS, NEED_PWT=NEED_PWT, NEED_V=NEED_V,
-                         NEED_FIN=NEED_FIN, GATHER=GATHER, GATHER_Q=GATHER_Q)
+                         NEED_FIN=NEED_FIN, GATHER=GATHER, GATHER_Q=GATHER_Q, GOFF=GOFF)
 
 
 @triton.jit
@@ -103,17 +104,19 @@ def _stats_load(p_q, p_k, p_v, PERM, sq_t, sk_t, sv_t, T, j, ok, o_d, BS: tl.con
 def _stats_write(b_q, b_k, b_v, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, FIN, QG, KG, VG, o_g, sg_t, o_gq, sgq_t,
                  T, N, j, i_bh, i_s, o_d, D: tl.constexpr, NSPLIT: tl.constexpr, BS: tl.constexpr,
                  NEED_PWT: tl.constexpr, NEED_V: tl.constexpr, NEED_FIN: tl.constexpr, GATHER: tl.constexpr,
-                 GATHER_Q: tl.constexpr):
+                 GATHER_Q: tl.constexpr, GOFF=0):
     """Block j's statistics from its tiles (real token counts; padding rows are zeros); with GATHER the tiles
-    themselves too, at their block-order rows."""
+    themselves too, at their block-order rows less GOFF (rows before GOFF are not copied)."""
     o_t = j * BS + tl.arange(0, BS)
     m_t = o_t < T
     if GATHER:
-        p_g = o_g + o_t.to(tl.int64)[:, None] * sg_t + o_d[None, :]
+        o_c = (o_t - GOFF).to(tl.int64)
+        m_c = (m_t & (o_t >= GOFF))[:, None]
+        p_g = o_g + o_c[:, None] * sg_t + o_d[None, :]
         if GATHER_Q:
-            tl.store(QG + o_gq + o_t.to(tl.int64)[:, None] * sgq_t + o_d[None, :], b_q, mask=m_t[:, None])
-        tl.store(KG + p_g, b_k, mask=m_t[:, None])
-        tl.store(VG + p_g, b_v, mask=m_t[:, None])
+            tl.store(QG + o_gq + o_c[:, None] * sgq_t + o_d[None, :], b_q, mask=m_c)
+        tl.store(KG + p_g, b_k, mask=m_c)
+        tl.store(VG + p_g, b_v, mask=m_c)
     cnt = tl.minimum(T - j * BS, BS).to(tl.float32)
     o_s = (i_bh * N + j) * D + o_d
     b_q = b_q.to(tl.float32)
@@ -310,14 +313,16 @@ def blocks_per_program(n: int, bh: int, device=None, per_sm: int | None = None) 
 
 def block_stats(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None, need_pwt: bool | None = None,
                 need_h: bool | None = None, need_hnorm: bool | None = None,
-                gathered: tuple | None = None) -> TritonStats:
+                gathered: tuple | None = None, gather_from: int = 0) -> TritonStats:
     """Statistics of [B, HC, T, D] views (any batch/head/token strides, unit last stride): programs over
     blocks, then (pisa / pwt / cov_bias) the H_j partial sums in a GEMM-like pass over K and V.
 
     gathered: with `perm`, three [B, HC, T, D] outputs (unit last stride; k's and v's with one set of strides, q's
     with its own) that receive q, k and v in block (permuted) order, the first may be None (q not copied: the
     Triton attention reads its rows through the permutation); the H pass then reads the k, v copies without the
-    permutation."""
+    permutation. gather_from (a multiple of the block size): only block-order rows from it on are copied, into
+    copies of T - gather_from rows (the cube order: its interior cubes are read in place); the H pass then reads
+    through the permutation."""
     B, HC, T, D = q.shape
     bs = cfg.block_size
     n = -(-T // bs)
@@ -349,10 +354,13 @@ def block_stats(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None,
         if perm is None:
             raise ValueError("block_stats: gathered outputs need a perm")
         qg, kg, vg = gathered
+        g_shape = (B, HC, T - gather_from, D)
+        if gather_from % bs or not 0 <= gather_from < T:
+            raise ValueError(f"block_stats: gather_from {gather_from} must be a multiple of {bs} below T = {T}")
         if kg is None or vg is None or kg.stride(-1) != 1 or vg.stride() != kg.stride() or not all(
-                x is None or (x.shape == q.shape and x.stride(-1) == 1 and x.dtype == q.dtype) for x in (qg, kg, vg)):
-            raise ValueError("block_stats: gathered outputs must match q's shape and dtype (unit last stride), the "
-                             "k and v copies with one set of strides")
+                x is None or (x.shape == g_shape and x.stride(-1) == 1 and x.dtype == q.dtype) for x in (qg, kg, vg)):
+            raise ValueError(f"block_stats: gathered outputs must be {list(g_shape)} in q's dtype (unit last stride), "
+                             "the k and v copies with one set of strides")
         qs = kg.stride() if qg is None else qg.stride()
         g_args = (kg if qg is None else qg, kg, vg, kg.stride(0), kg.stride(1), kg.stride(2), qs[0], qs[1], qs[2])
     else:
@@ -367,10 +375,11 @@ def block_stats(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None,
         res = None
         if stats_gl.usable(q, k, v, perm, gathered):  # PSA_STATS_GLUON=1: the Gluon kernels (stats_gl.py)
             res = stats_gl.stats_with_h_checked(q, k, v, pm, strides, g_args, n=n, bs=bs, need_pwt=need_pwt,
-                                                parts=parts, perm=perm, gathered=gathered)
+                                                parts=parts, perm=perm, gathered=gathered, goff=gather_from)
         st32, lp, hpart = res if res is not None else stats_with_h(
             q, k, v, pm, strides, g_args, n=n, bs=bs, need_pwt=need_pwt, has_perm=perm is not None,
-            gather=gathered is not None, gather_q=gathered is not None and gathered[0] is not None, parts=parts)
+            gather=gathered is not None, gather_q=gathered is not None and gathered[0] is not None, parts=parts,
+            goff=gather_from)
         qbar, kbar, kbar_lp, vmean_lp = st32[0], st32[1], lp[0], lp[1]
         if need_pwt:
             q2, ksig2 = st32[2], st32[3]
@@ -387,11 +396,11 @@ def block_stats(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None,
         _block_stats_kernel[(triton.cdiv(n, gs) * nsplit, HC, B)](
             q, k, v, pm, kbar, kbar_lp if need_v else dummy, vmean_lp if need_v else dummy,
             ksig2 if need_pwt else dummy, qbar, q2 if need_pwt else dummy, fin if need_h else dummy, *g_args[:3],
-            *strides, *g_args[3:], HC, T, n, gs, D=D, DB=db, BS=bs, NEED_PWT=need_pwt, NEED_V=need_v,
+            *strides, *g_args[3:], HC, T, n, gs, gather_from, D=D, DB=db, BS=bs, NEED_PWT=need_pwt, NEED_V=need_v,
             NEED_FIN=need_h, HAS_PERM=perm is not None, PREFETCH=STATS_PREFETCH, GATHER=gathered is not None,
             GATHER_Q=gathered is not None and gathered[0] is not None, num_warps=STATS_WARPS,
         )
-    if gathered is not None:  # the H pass (and the norms) read the gathered copies in block order
+    if gathered is not None and not gather_from:  # the H pass (and the norms) read the copies in block order
         k, v, perm, pm = kg, vg, None, dummy
         strides = (0, 0, 0, k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2))
     if need_h and not fused:

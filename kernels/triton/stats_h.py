@@ -133,7 +133,7 @@ def _exact_blocks(Q, K, V, PERM, KBAR, KBAR_LP, VMEAN_LP, KSIG2, QBAR, Q2, p_vs,
 def _stats_h_kernel(
     Q, K, V, PERM, ST32, LP, HPART, QG, KG, VG, QGD, KGD, VGD,
     sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t, sg_b, sg_h, sg_t, sgq_b, sgq_h, sgq_t,
-    HC, T, N, G, NPART, SROW, FLAG,
+    HC, T, N, G, NPART, SROW, FLAG, GOFF,
     D: tl.constexpr, BS: tl.constexpr, NEED_PWT: tl.constexpr, HAS_PERM: tl.constexpr, GATHER: tl.constexpr,
     GATHER_Q: tl.constexpr, LOWP: tl.constexpr, PREC: tl.constexpr, STAGES: tl.constexpr, TMA_G: tl.constexpr = 0,
     FIX: tl.constexpr = 0,
@@ -143,7 +143,8 @@ def _stats_h_kernel(
     [D, D] slot of HPART until the partial overwrites them. TMA_G (with GATHER): the block-order copies go out
     through the host TMA descriptors QGD / KGD / VGD ([B, HC, T, D], boxes [1, 1, BS, D]: rows past T clipped by
     the descriptor) instead of per-thread stores through QG / KG / VG. FIX (stats_gl's fix-up launch): only the
-    programs whose FLAG [B, HC, NPART] is set run (their sums came out non-finite in stats_gl._stats_gl_kernel)."""
+    programs whose FLAG [B, HC, NPART] is set run (their sums came out non-finite in stats_gl._stats_gl_kernel).
+    GOFF: the copies start at block-order row GOFF (a multiple of BS; rows before it are not copied)."""
     i_g, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh = i_b * HC + i_h
     if FIX:
@@ -182,16 +183,17 @@ def _stats_h_kernel(
         b_q = tl.load(p_q + o_r[:, None] * sq_t + o_d[None, :])  # [BS, D]
         b_k = tl.load(p_k + o_r[:, None] * sk_t + o_d[None, :])
         b_v = tl.load(p_v + o_r[:, None] * sv_t + o_d[None, :])
-        if GATHER and TMA_G:
+        if GATHER and TMA_G:  # (a block before GOFF: rows at negative coordinates, which the tensor map clips)
             if GATHER_Q:
-                QGD.store([i_b, i_h, j * BS, 0], b_q.reshape([1, 1, BS, D]))
-            KGD.store([i_b, i_h, j * BS, 0], b_k.reshape([1, 1, BS, D]))
-            VGD.store([i_b, i_h, j * BS, 0], b_v.reshape([1, 1, BS, D]))
+                QGD.store([i_b, i_h, j * BS - GOFF, 0], b_q.reshape([1, 1, BS, D]))
+            KGD.store([i_b, i_h, j * BS - GOFF, 0], b_k.reshape([1, 1, BS, D]))
+            VGD.store([i_b, i_h, j * BS - GOFF, 0], b_v.reshape([1, 1, BS, D]))
         elif GATHER:
-            p_gt = o_g + o_t.to(tl.int64)[:, None] * sg_t + o_d[None, :]
-            m_gt = (o_t < T)[:, None]
+            o_gt = (o_t - GOFF).to(tl.int64)
+            p_gt = o_g + o_gt[:, None] * sg_t + o_d[None, :]
+            m_gt = ((o_t < T) & (o_t >= GOFF))[:, None]
             if GATHER_Q:
-                tl.store(QG + o_gq + o_t.to(tl.int64)[:, None] * sgq_t + o_d[None, :], b_q, mask=m_gt)
+                tl.store(QG + o_gq + o_gt[:, None] * sgq_t + o_d[None, :], b_q, mask=m_gt)
             tl.store(KG + p_gt, b_k, mask=m_gt)
             tl.store(VG + p_gt, b_v, mask=m_gt)
         if LOWP:
@@ -309,7 +311,7 @@ def parts_per_head(n: int, bh: int, n_sm: int, cps: int | None = None, d: int = 
     return best_p
 
 
-def stats_with_h(q, k, v, pm, strides, g_args, *, n, bs, need_pwt, has_perm, gather, gather_q, parts):
+def stats_with_h(q, k, v, pm, strides, g_args, *, n, bs, need_pwt, has_perm, gather, gather_q, parts, goff=0):
     """Launch _stats_h_kernel with `parts` programs per (batch, head) (parts_per_head: at most D blocks each).
     Returns (st32, lp, hpart): float32 [2 or 4, B, HC, N, D] = q-bar, k-bar (+ q^2, sigma^2 for PWT); input dtype
     [2, B, HC, N, D] = k-bar, value mean; the H partials [B, HC, P, D, D]."""
@@ -327,14 +329,16 @@ def stats_with_h(q, k, v, pm, strides, g_args, *, n, bs, need_pwt, has_perm, gat
     stages = loop_stages(has_perm, q.device)
     _stats_h_kernel[(p, HC, B)](
         q, k, v, pm, st32, lp, hpart, *g_args[:3], *(descs or g_args[:3]), *strides, *g_args[3:], HC, T, n, g, p,
-        B * HC * n * D, st32, D=D, BS=bs, NEED_PWT=need_pwt, HAS_PERM=has_perm, GATHER=gather, GATHER_Q=gather_q,
+        B * HC * n * D, st32, goff, D=D, BS=bs,
+        NEED_PWT=need_pwt, HAS_PERM=has_perm, GATHER=gather, GATHER_Q=gather_q,
         LOWP=lowp, PREC=0 if _INTERPRET else 1, STAGES=stages, TMA_G=int(descs is not None),
         num_warps=STATS_H_WARPS, num_stages=stages,
     )
     return st32, lp, hpart
 
 
-def redo_flagged(q, k, v, pm, strides, g_args, st32, lp, hpart, flag, *, n, bs, need_pwt, gathered, gather_q):
+def redo_flagged(q, k, v, pm, strides, g_args, st32, lp, hpart, flag, *, n, bs, need_pwt, gathered, gather_q,
+                 goff=0):
     """stats_with_h's kernel again (same arguments) over the programs whose flag [B, HC, P] (int32) is set, writing
     their blocks' statistics, copies and H partial into st32 / lp / hpart; every other program returns at once. The
     Gluon kernels (stats_gl.py) flag the programs whose sums came out non-finite; this kernel's masked path
@@ -345,7 +349,8 @@ def redo_flagged(q, k, v, pm, strides, g_args, st32, lp, hpart, flag, *, n, bs, 
     stages = loop_stages(gathered, q.device)
     _stats_h_kernel[(p, HC, B)](
         q, k, v, pm, st32, lp, hpart, *g_args[:3], *g_args[:3], *strides, *g_args[3:], HC, T, n, g, p,
-        B * HC * n * D, flag, D=D, BS=bs, NEED_PWT=need_pwt, HAS_PERM=gathered, GATHER=gathered, GATHER_Q=gather_q,
+        B * HC * n * D, flag, goff, D=D, BS=bs,
+        NEED_PWT=need_pwt, HAS_PERM=gathered, GATHER=gathered, GATHER_Q=gather_q,
         LOWP=not _INTERPRET, PREC=0 if _INTERPRET else 1, STAGES=stages, TMA_G=0, FIX=1,
         num_warps=STATS_H_WARPS, num_stages=stages)
 
