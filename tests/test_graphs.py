@@ -185,7 +185,10 @@ def test_every_kernel_setting_read_at_call_time_changes_the_key(monkeypatch):
     import re
     from pathlib import Path
     kdir = Path(__file__).resolve().parents[1] / "kernels"
-    read = set(re.findall(r'"(PSA_[A-Z0-9_]+)"', (kdir / "cute" / "fwd.py").read_text()))
+    # (the kernel's module, the switches it reads per call, the cube path's, and the order the node asks for; the
+    # package's __init__ decides the backend, before any key is made)
+    read = set().union(*(re.findall(r'"(PSA_[A-Z0-9_]+)"', (kdir / f).read_text()) for f in (
+        "cute/fwd.py", "cute/switches.py", "cute/fwd_cube.py", "reorder.py")))
     assert read and read <= set(graphs._ENV_IN_KEY), sorted(read - set(graphs._ENV_IN_KEY))
     # the Triton side: every PSA_ name a function of kernels/triton/ reads (per call; module-level knobs are fixed
     # for the process), e.g. stats_h.py's PSA_STATS_PERM_DEEP

@@ -98,3 +98,38 @@ def test_operator_with_morton_equals_manual_permutation(variant):
     dense = psa(q, k, v, density=1.0, variant=variant, reorder="morton", grid=grid, n_prefix=n_prefix,
                 backend="torch")
     assert (dense - F.scaled_dot_product_attention(q, k, v)).abs().max() <= 1e-10
+
+
+@pytest.mark.parametrize("grid", [(21, 30, 52), (5, 9, 13), (8, 16, 16), (3, 8, 8), (64, 64)])
+def test_cube_order_puts_the_whole_cubes_first(grid, monkeypatch):
+    # PSA_MORTON_CUBES: a 3-D grid's "morton" order becomes the cube order: block b < n is the aligned 4 x 4 x 4 cube
+    # b (cubes in raster order of the cube grid, W fastest; raster order inside, w fastest: one 5-D TMA box of the
+    # caller's layout, kernels/cute/fwd_cube.py), then the other tokens in Morton order; 2-D grids and grids without a
+    # whole cube keep the Morton order. Off by default.
+    from kernels.reorder import cube_blocks, cube_layout, orders_on
+    monkeypatch.delenv("PSA_MORTON_CUBES", raising=False)
+    plain = morton_order(grid)
+    assert cube_blocks(grid) == 0
+    monkeypatch.setenv("PSA_MORTON_CUBES", "1")
+    perm, inv = morton_order(grid), inverse_order(grid)
+    T = perm.numel()
+    assert torch.equal(torch.sort(perm).values, torch.arange(T)) and torch.equal(perm[inv], torch.arange(T))
+    n = cube_blocks(grid)
+    if len(grid) == 2 or min(grid) < 4:
+        assert n == 0 and torch.equal(perm, plain)
+        return
+    F_, H, W = grid
+    assert n == (F_ // 4) * (H // 4) * (W // 4)
+    f, h, w = perm // (H * W), (perm // W) % H, perm % W
+    cube = torch.arange(n * 64) // 64
+    assert torch.equal(w[:n * 64] // 4, cube % (W // 4))
+    assert torch.equal(h[:n * 64] // 4, cube // (W // 4) % (H // 4))
+    assert torch.equal(f[:n * 64] // 4, cube // ((W // 4) * (H // 4)))
+    inner = torch.arange(n * 64) % 64
+    assert torch.equal(w[:n * 64] % 4, inner % 4) and torch.equal(h[:n * 64] % 4, inner // 4 % 4)
+    assert torch.equal(f[:n * 64] % 4, inner // 16)
+    rest = perm[n * 64:]  # the others keep their Morton order
+    assert torch.equal(rest, plain[torch.isin(plain, rest)])
+    assert cube_layout(orders_on(grid, "cpu")[0]) == (tuple(grid), n)
+    monkeypatch.delenv("PSA_MORTON_CUBES")
+    assert cube_layout(orders_on(grid, "cpu")[0]) is None and torch.equal(morton_order(grid), plain)
