@@ -1,6 +1,8 @@
 # H200 device calls, one phase per call, run from the repository root with the cutlass-dsl site and ComfyUI's comfy/
 # files carried in one archive (bench/install_cute_site.sh unpacks it):
 #   carry [".carry/cs1"]    command: bash bench/gpu_round.sh PHASE
+# Session 34 (no machine came) built the copy-free cube path on the CPU: G34 (G33B's TMA check, its tests, the node's
+# call with and without it) is pending, then G33R's cube_exact and L when an H200 is lent.
 # Session 33 (an H100) ran G33 (its cube forms ran the shipped build by a probe bug: executor cache) and U33 (the split
 # rings at the per-list loop's size: off again); G33R (the fixed probe, then G33B's TMA check) is pending, and L when an
 # H200 is lent. Session 32 (an H100) ran U32 (the split rings: off), BE (nodes/breakeven_h100_80gb_hbm3.json), BW (32 passed
@@ -157,6 +159,40 @@ G33)  # session 33 (carry .carry/cs1; ~6 min): Morton blocks straight from the c
             log "rc=$? $(grep RESULT "$OUT/l2_h${heads}_c$cube.txt" | cut -c1-900)"
         done
     done
+    ;;
+G34)  # session 34 (carry .carry/cs1; ~8 min): the copy-free cube path (kernels/cute/fwd_cube.py), built on the CPU.
+    # PSA_MORTON_CUBES=1 makes a 3-D grid's "morton" order the cube order (the whole 4 x 4 x 4 cubes first, cube b =
+    # block b, then the rest in Morton order); with it the CuTe pair kernel reads and writes the cubes in the caller's
+    # [B, L, H * D] through 5-D TMA boxes (PSA_CUTE_CUBE_VIEW, on with the order), and the statistics copy only the
+    # rest (480p: 11% of the tokens). Steps: G33B's TMA check (cube_tma.py: does the folded fifth TMA dimension
+    # address the right cube?), then the tests (the view against the copies bitwise, the statistics' tail copies),
+    # then switch_ab on PSA_MORTON_CUBES (today's Morton against the cube path) and on PSA_CUTE_CUBE_VIEW (the same
+    # cube order, copies against views), 480p and 720p as the node calls them, then G33R's cube_exact (DiT-like).
+    # PREDICTION (written before the run): cube_tma exact for every view; tests pass; the cube path's 480p call
+    # 7.20 -> 6.8-7.0 ms on the H200 (-3 to -6%: ~0.9 GB of copies not written, no scatter, against the kernel's
+    # in-place reads at +0.5-4.6%, G33), 720p -1 to -4%; its peak above the output 1.74x -> ~0.4x q at 480p; the
+    # view alone (PSA_CUTE_CUBE_VIEW 0 -> 1) -2 to -5%.
+    # RULE: PSA_MORTON_CUBES on by default (the order and its view) only if cube_tma is exact, every test passes, the
+    # cube path's median is <= 0.98x today's Morton at 480p and 720p with peak below 1x q, and the order keeps the
+    # Morton order's accuracy on DiT-like inputs (bench/probes/cube_quality.py: rel L2 against dense within 1.05x).
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || log "cutlass-dsl not importable"
+    GPU_ROUND_NESTED=1 bash "$0" G33B
+    run_tests cube 150 tests/test_cute_cube_gpu.py tests/test_stats_gl_gpu.py -k "cube or gather_from"
+    grep -B3 -A25 "^E  " "$OUT/tests_cube.log" | head -60 >> "$OUT/round.log"
+    for sw in PSA_MORTON_CUBES PSA_CUTE_CUBE_VIEW; do
+        [ $SECONDS -gt 480 ] && break
+        log "switch_ab $sw"
+        PSA_MORTON_CUBES=1 PROBE_BACKENDS=cute PROBE_SHAPES=wan14,wan14_720 PROBE_ROUNDS=3 timeout 150 \
+            python bench/probes/switch_ab.py $sw > "$OUT/cube_ab_$sw.txt" 2>&1
+        log "switch_ab rc=$? $(grep -E '^wan14' "$OUT/cube_ab_$sw.txt" | grep -oE '"op[01]_(median_ms|peak_extra_x_q)": [0-9.]+|"maxdiff": [0-9.e-]+' | tr '\n' ' ')"
+    done
+    decide PSA_MORTON_CUBES "$OUT/cube_ab_PSA_MORTON_CUBES.txt" --rows _cute --max-ratio 0.98 --peak-below 1.0 \
+        --tests "$OUT/tests_cube.log"
+    if [ $SECONDS -lt 500 ]; then
+        log "cube_quality"
+        timeout $((570 - SECONDS)) python bench/probes/cube_quality.py > "$OUT/cube_quality.txt" 2>&1
+        log "rc=$? $(grep RESULT "$OUT/cube_quality.txt" | cut -c1-600)"
+    fi
     ;;
 G33R)  # session 33 (carry .carry/cs1; ~4 min): G33 again with cube_exact.py fixed (G33 swapped fwd._compiled but not
     # fwd._executors, so forms B and C ran A's build on the caller's raster tiles: hence outputs unlike A's and times

@@ -156,13 +156,20 @@ builds.append(("pisa/pwt pair recip tma_store pv_fence s_ahead_vt bias_slack",
 builds.append(("pisa/pwt pair recip share tma_store pv_fence s_ahead_vt",
                lambda: FP.PairFwdSm90(4, 4, D, "", True, share=True, pv_fence=True, s_ahead_vt=True, tma_store=True),
                vb, 168))
+# the shipped pair build with the cube order's interior read and written in the caller's layout (fwd_cube.py, session
+# 34): q, k, v (the copied blocks) and the caller's [B, L, H * D] as qc, kc, vc, out
+from kernels.cute import fwd_cube as FC  # noqa: E402
+
+CUBE = "pisa/pwt pair recip tma_store pv_fence s_ahead_vt cube"
+builds.append((CUBE, lambda: FC.CubePairFwdSm90(4, 4, D, "", True, pv_fence=True, s_ahead_vt=True, tma_store=True,
+                                                cube=True), vb, 168))
 ONLY = os.environ.get("PSA_COMPILE_ONLY")  # (by hand: the builds whose name holds this string)
 for name, make, vbias, reg_bound in builds:
     if ONLY and ONLY not in name:
         continue
     for f in os.listdir(dump):
         os.remove(os.path.join(dump, f))
-    args, scal = kernel_args(F, vbias)
+    args, scal = kernel_args(F, vbias, cube=name == CUBE)
     t0 = time.perf_counter()
     kern = make()
     fn = F.cute.compile(kern, *args, *scal, cuda.CUstream(0))

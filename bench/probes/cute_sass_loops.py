@@ -2,7 +2,8 @@
 tests/cute_compile_case.py does: registers, spills, and the instruction count and opcode mix of each loop (a
 backward branch and its target). Run with the repository's venv (cutlass-dsl) and the image's Triton for nvdisasm:
 
-    PYTHONPATH=/tmp/tri36site python bench/probes/cute_sass_loops.py [name=value ...]   (e.g. bias_slack=1)
+    PYTHONPATH=/tmp/tri36site python bench/probes/cute_sass_loops.py [name=value ...]   (e.g. bias_slack=1; cube=1:
+        fwd_cube.CubePairFwdSm90 with its arguments)
 """
 import os
 import re
@@ -40,8 +41,12 @@ kw = dict(recip_store=True, pv_fence=True, s_ahead_vt=True, tma_store=True)  # t
 for a in sys.argv[1:]:
     k, v = a.split("=")
     kw[k] = bool(int(v))
-args, scal = kernel_args(F)
-kern = FP.PairFwdSm90(4, 4, 128, **kw)
+args, scal = kernel_args(F, cube=kw.get("cube", False))
+if kw.get("cube"):  # the cube build (fwd_cube.py) with its own arguments: the caller's q, k, v and the grid
+    from kernels.cute import fwd_cube as FC
+    kern = FC.CubePairFwdSm90(4, 4, 128, **kw)
+else:
+    kern = FP.PairFwdSm90(4, 4, 128, **kw)
 F.cute.compile(kern, *args, *scal, cuda.CUstream(0))
 ptx = [f for f in os.listdir(dump) if f.endswith(".ptx")][0]
 p = subprocess.run([PTXAS, "-arch=sm_90a", "-v", os.path.join(dump, ptx), "-o", os.devnull], capture_output=True,

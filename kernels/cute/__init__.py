@@ -63,6 +63,9 @@ else:
 if _IMPORT_ERROR is not None:
     _cute = None
 del _err, _what, _missing_file
+_fwd_cube = None  # the cube order's copy-free Morton path (PSA_MORTON_CUBES)
+if _cute is not None:
+    from . import fwd_cube as _fwd_cube
 
 # the Morton reorder kernels (None when Triton is unusable: kernels.api then reorders with torch)
 gather_tokens = getattr(_kt, "gather_tokens", None)
@@ -161,14 +164,17 @@ def auto_skip_reason(q, cfg, graphed: bool = False) -> str | None:
     return None
 
 
-def _attention(q, k, v, out, st, idx, vbias, cfg, perm=None, kv_perm=True):
+def _attention(q, k, v, out, st, idx, vbias, cfg, perm=None, kv_perm=True, cube=None):
     """One head chunk through the CuTe kernel (`perm`: the output rows written through it, see
     writes_out_perm; with kv_perm=False, the Triton attention's convention, q is the caller's and its rows are
-    read through `perm` too, see reads_q_perm). A failure other than running out of memory is remembered for
+    read through `perm` too, see reads_q_perm; with `cube`, fwd_cube.forward_cubes's call). A failure other than
+    running out of memory is remembered for
     the variant family (so dispatch takes Triton from the next call on, with its log line) and re-raised."""
     if cfg.variant == "drop":
         vbias = None  # the contract: no bias rows for drop (Triton's own routing builds them anyway)
     kw = {} if perm is None else {"perm": perm, "q_perm": not kv_perm}
+    if cube is not None:
+        kw = {"perm": perm, "cube": cube}
     try:
         return _cute.attention(q, k, v, out, st, idx, vbias, cfg, **kw)
     except torch.cuda.OutOfMemoryError:
@@ -216,6 +222,12 @@ def _forward_impl(q, k, v, cfg: SparseConfig, *, routing=None, perm=None, n_pref
     # dispatch declines a misaligned q (the Triton backend takes it); k and v views arrive from callers that
     # only checked q: a copy is cheaper than failing, and a kernel failure would disable this backend
     q, k, v = (x if aligned16(x) else x.clone(memory_format=torch.contiguous_format) for x in (q, k, v))
+    if perm is not None and routing is None and _fwd_cube is not None:  # the cube order's interior read in place
+        lay = _fwd_cube.usable(q, cfg, perm, n_prefix)
+        if lay is not None:
+            with _kt.on_device(q):
+                fperm = _kt._full_perm(perm, 0, q.shape[2], q.device)
+                return _fwd_cube.forward_cubes(q, k, v, cfg, fperm, *lay, _attention, out_bthd)
     if perm is not None:  # the kernel reads block-order copies the statistics kernel writes (never `perm`)
         return _kt._forward_impl(q, k, v, cfg, perm=perm, n_prefix=n_prefix, attention=_attention,
                                  reorder_in="stats", out_bthd=out_bthd)

@@ -76,7 +76,8 @@ D_SUPPORTED = 128
 from .switches import (  # noqa: E402  the switches and their measured history
     Q_RS, BIAS_L2, BIAS_PF, OUT_PERM, PAIR_OUT_PERM, Q_PERM, PAIR_MIN_BLOCKS, RECIP_STORE, PAIR_SHARE,
     PAIR_SHARE_MAX_SEL, PAIR_Q_PERM, PAIR_VT_STAGES, VT_PEEL, PINGPONG, TREE_MAX, TREE_SUM, S_AHEAD, PV_FENCE,
-    PV_FENCE_VT, PV_PIN, TMA_STORE, TMA_STORE_ONE, S_AHEAD_VT, PAIR_DROP, BIAS_SLACK)
+    PV_FENCE_VT, PV_PIN, TMA_STORE, TMA_STORE_ONE, S_AHEAD_VT, PAIR_DROP, BIAS_SLACK, _env_flag, q_perm_enabled,
+    out_perm_enabled)
 
 
 class PiecewiseSparseFwdSm90(TileOps):
@@ -412,7 +413,7 @@ _compiled: dict = {}
 # the cache key's fields in order (tests and probes read a build's switches by name: compiled_builds())
 KEY_FIELDS = ("approx", "stages", "dtype", "D", "q_rs", "bias_l2", "bias_pf", "out_perm", "vt_stages", "probe",
               "recip", "share", "q_perm", "vt_peel", "pingpong", "tree_max", "tree_sum", "s_ahead", "pv_fence",
-              "pv_fence_vt", "pv_pin", "s_ahead_vt", "tma_store", "bias_slack")
+              "pv_fence_vt", "pv_pin", "s_ahead_vt", "tma_store", "bias_slack", "cube")
 _compile_seconds: dict = {}
 _lock = threading.Lock()
 _executors: dict = {}  # (compile key, device index) -> fn.to(device): one compile, one binding per GPU
@@ -489,48 +490,23 @@ def _cute(x: torch.Tensor, align: int = 16):
     return from_dlpack(x.detach(), assumed_align=align).mark_layout_dynamic(leading_dim=x.dim() - 1)
 
 
-def _env_flag(name: str, default: bool) -> bool:
-    env = os.environ.get(name)
-    return default if env is None else env.strip() not in ("0", "", "false", "False")
-
-
-def q_perm_enabled(T: int | None = None, variant: str = "pwt") -> bool:
-    """Whether the Morton path hands attention() the caller's q with `perm` for T tokens: where the pair kernel
-    runs (pisa / pwt from PAIR_MIN_BLOCKS KV blocks, PSA_CUTE_PAIR) its PAIR_Q_PERM (PSA_CUTE_PAIR_Q_PERM), else
-    the one-block kernel's Q_PERM (PSA_CUTE_Q_PERM)."""
-    if _pair_runs(T, variant):
-        return _env_flag("PSA_CUTE_PAIR_Q_PERM", PAIR_Q_PERM)
-    return _env_flag("PSA_CUTE_Q_PERM", Q_PERM)
-
-
-def _pair_runs(T: int | None, variant: str) -> bool:
-    """Whether attention() takes the pair kernel for T tokens of `variant` (PAIR_MIN_BLOCKS, PSA_CUTE_PAIR)."""
-    return T is not None and variant in ("pisa", "pwt") and _env_flag("PSA_CUTE_PAIR", -(-T // BS) >= PAIR_MIN_BLOCKS)
-
-
-def out_perm_enabled(T: int | None = None, variant: str = "pwt") -> bool:
-    """Whether the Morton path hands attention() `perm` for the output rows (no scatter): PAIR_OUT_PERM where the
-    pair kernel runs, else OUT_PERM (PSA_CUTE_PAIR_OUT_PERM / PSA_CUTE_OUT_PERM)."""
-    if _pair_runs(T, variant):
-        return _env_flag("PSA_CUTE_PAIR_OUT_PERM", PAIR_OUT_PERM)
-    return _env_flag("PSA_CUTE_OUT_PERM", OUT_PERM)
-
-
 def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None, q_rs: bool | None = None,
               bias_l2: bool | None = None, bias_pf: bool | None = None, perm: torch.Tensor | None = None,
               pair: bool | None = None, probe: str = "", recip: bool | None = None, share: bool | None = None,
-              q_perm: bool = False):
+              q_perm: bool = False, cube: tuple | None = None):
     """Fused forward on [B, HC, T, D] bf16 views (unit last stride, 16-byte aligned strides); same
     arguments and meaning as kernels.triton.fwd.attention, except that `perm` (int32 [T], the full Morton
     order: kernels.reorder.full_order) only moves the output rows (q, k, v are read in block order): row t of
     the result lands in row perm[t] of `out`; with q_perm (and perm) query row t is read from row perm[t] of q
-    too (the caller's order: no block-order copy of q; k and v stay block-order copies)."""
-    B, HC, T, D = q.shape
+    too (the caller's order: no block-order copy of q; k and v stay block-order copies). cube (fwd_cube.attention:
+    the cube order's interior read in place) = (qc, kc, vc, grid, n_cube): blocks below n_cube come from the caller's
+    qc, kc, vc through the cube view, q, k, v hold the blocks from n_cube on, out is the caller's layout."""
+    B, HC, T, D = (out if cube else q).shape
     n = -(-T // BS)
     approx = cfg.variant in ("pisa", "pwt")
     n_virt = n if (approx and cfg.budget(n) < n) else 0
     n_vt = -(-n_virt // BS)
-    for name, x in (("q", q), ("k", k), ("v", v), ("out", out)):
+    for name, x in (("q", q), ("k", k), ("v", v), ("out", out)) + (tuple(zip("qkv", cube[:3])) if cube else ()):
         if not aligned16(x):
             raise ValueError(f"cute backend: {name} needs 16-byte aligned strides and base (TMA)")
     stages = kv_stages or int(os.environ.get("PSA_CUTE_STAGES", "4"))
@@ -544,8 +520,8 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
         kb = vm = q[:, :, :BS]
         hb = q[:, :, :D]
         vb = _bias_placeholder(q.device)
-    out_perm = perm is not None
-    if out_perm and (perm.dtype != torch.int32 or perm.shape != (T,) or perm.stride(0) != 1):
+    out_perm = perm is not None and not cube  # (cube: the rest's output rows through perm)
+    if perm is not None and (perm.dtype != torch.int32 or perm.shape != (T,) or perm.stride(0) != 1):
         raise ValueError(f"cute backend: perm must be a contiguous int32 [T={T}] tensor, got {perm.dtype} "
                          f"{tuple(perm.shape)}")
     if q_perm and not out_perm:
@@ -553,6 +529,8 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
     q_rs = q_rs or bool(q_perm)  # the query rows go straight into registers
     # the pair build (fwd_pair.py) has Q in registers and no bias-load experiment (the output permutation: since
     # session 22 also without the query rows read through it)
+    if cube:
+        pair, share, q_perm = True, False, False
     if pair is None:
         pair = _env_flag("PSA_CUTE_PAIR", n >= PAIR_MIN_BLOCKS)
     pair_ok = approx or _env_flag("PSA_CUTE_PAIR_DROP", PAIR_DROP)  # drop: the pair build with no virtual tiles
@@ -585,19 +563,25 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
     pv_fence = _env_flag("PSA_CUTE_PV_FENCE", PV_FENCE)
     pv_fence_vt = pair and _env_flag("PSA_CUTE_PV_FENCE_VT", PV_FENCE_VT)
     pv_pin = _env_flag("PSA_CUTE_PV_PIN", PV_PIN)
-    tma_store = not out_perm and (_env_flag("PSA_CUTE_TMA_STORE", TMA_STORE) if pair
-                                  else _env_flag("PSA_CUTE_TMA_STORE_ONE", TMA_STORE_ONE))
+    tma_store = bool(cube) or not out_perm and (_env_flag("PSA_CUTE_TMA_STORE", TMA_STORE) if pair
+                                                else _env_flag("PSA_CUTE_TMA_STORE_ONE", TMA_STORE_ONE))
+    if cube and not (pair and approx):
+        raise ValueError("cute backend: the cube build is the pair kernel's (pisa / pwt)")
     bias_slack = pair and approx and _env_flag("PSA_CUTE_BIAS_SLACK", BIAS_SLACK) and _has_slack(vb)
     key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm, vt_stages, probe, recip, share,
            bool(q_perm), vt_peel, pingpong, tree_max, tree_sum, s_ahead, pv_fence, pv_fence_vt, pv_pin, s_ahead_vt,
-           tma_store, bias_slack)
+           tma_store, bias_slack, bool(cube))
     assert len(key) == len(KEY_FIELDS)
     args = [_cute(x) for x in (q, k, v, out, kb, vm, hb)]
     args += [from_dlpack(vb.detach(), assumed_align=vb.element_size()).mark_layout_dynamic(leading_dim=3),
              from_dlpack(idx, assumed_align=4).mark_layout_dynamic(leading_dim=3),
-             from_dlpack(perm if out_perm else _perm_placeholder(q.device), assumed_align=4).mark_layout_dynamic(
-                 leading_dim=0)]
+             from_dlpack(perm if perm is not None else _perm_placeholder(q.device), assumed_align=4)
+             .mark_layout_dynamic(leading_dim=0)]
     scal = [cutlass.Int32(n_vt), cutlass.Float32(float(cfg.scale) * LOG2E), cutlass.Float32(float(cfg.scale))]
+    if cube:  # (fwd_cube.CubePairFwdSm90's arguments: the caller's q, k, v, then the cube grid)
+        args += [_cute(x) for x in cube[:3]]
+        from .fwd_cube import cube_scalars
+        scal += [cutlass.Int32(x) for x in cube_scalars(cube[3], cube[4])]
     stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
     fn = _compiled.get(key)
     if fn is None:
@@ -606,13 +590,14 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
             if fn is None:
                 t0 = time.perf_counter()
                 if pair:
+                    from .fwd_cube import CubePairFwdSm90
                     from .fwd_pair import PairFwdSm90
 
-                    kern = PairFwdSm90(stages, vt_stages, D, probe, recip, share, bool(q_perm), vt_peel,
-                                       pingpong, tree_max=tree_max, tree_sum=tree_sum, s_ahead=s_ahead,
-                                       pv_fence=pv_fence, pv_fence_vt=pv_fence_vt, pv_pin=pv_pin,
-                                       s_ahead_vt=s_ahead_vt, out_perm=out_perm, tma_store=tma_store,
-                                       bias_slack=bias_slack)
+                    cls = CubePairFwdSm90 if cube else PairFwdSm90
+                    kern = cls(stages, vt_stages, D, probe, recip, share, bool(q_perm), vt_peel, pingpong,
+                               tree_max=tree_max, tree_sum=tree_sum, s_ahead=s_ahead, pv_fence=pv_fence,
+                               pv_fence_vt=pv_fence_vt, pv_pin=pv_pin, s_ahead_vt=s_ahead_vt, out_perm=out_perm,
+                               tma_store=tma_store, bias_slack=bias_slack, cube=bool(cube))
                 else:
                     kern = PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2, bias_pf, out_perm, bool(q_perm),
                                                   tree_max=tree_max, tree_sum=tree_sum, pv_fence=pv_fence,

@@ -39,8 +39,6 @@ not kept): bench/results/cute_pair_h200.md.
 """
 from __future__ import annotations
 
-import dataclasses
-
 import cuda.bindings.driver as cuda  # noqa: F401  (cutlass-dsl's stream type)
 import cutlass
 import cutlass.cute as cute
@@ -50,7 +48,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from .fwd import PAIR_SHARE_MAX_SEL, PAIR_VT_STAGES, PiecewiseSparseFwdSm90
-from .pair_sched import SHARED, PairSchedule, RingCursor
+from .pair_sched import SHARED, PairSchedule, RingCursor, pipe_view
 from .tile_ops import BS, LOG2E
 
 KV_STAGES = 4  # per consumer (fwd.py's best at 2 CTAs per SM; session 22 here: 3 6-9% slower, 5 0-1.5%)
@@ -61,21 +59,6 @@ SHARE_MAX_SEL = PAIR_SHARE_MAX_SEL
 VT_STAGES = PAIR_VT_STAGES  # the shared virtual-tile pipeline
 
 
-def _shifted(sync, off):
-    """The same mbarrier array `off` barriers further on, without initialising it again (the pipeline of the
-    other consumer, picked by a runtime warpgroup index)."""
-    view = object.__new__(type(sync))
-    view.__dict__.update(sync.__dict__)
-    view.mbarrier_base = sync.mbarrier_base + off
-    view.barrier_storage = sync.barrier_storage + off
-    return view
-
-
-def _pipe_view(pipe, off):
-    return dataclasses.replace(pipe, sync_object_full=_shifted(pipe.sync_object_full, off),
-                               sync_object_empty=_shifted(pipe.sync_object_empty, off))
-
-
 class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
     """pisa / pwt (and drop with no virtual tiles, fwd.PAIR_DROP); compile-time configuration: exact stages per
     consumer, shared virtual stages."""
@@ -84,7 +67,7 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                  recip_store: bool = False, share: bool = False, q_perm: bool = False, vt_peel: bool = False,
                  pingpong: bool = False, tree_max: bool = False, tree_sum: bool = False, s_ahead: bool = False,
                  pv_fence: bool = False, pv_fence_vt: bool = False, pv_pin: bool = False, s_ahead_vt: bool = False,
-                 out_perm: bool = False, tma_store: bool = False, bias_slack: bool = False):
+                 out_perm: bool = False, tma_store: bool = False, bias_slack: bool = False, cube: bool = False):
         # q_perm (Morton): query row t read from row mPerm[t] of the caller's q into the consumer's registers, the
         # output written through mPerm (fwd.py's q_perm); out_perm alone: only the output rows (fwd.PAIR_OUT_PERM)
         super().__init__(True, kv_stages, head_dim, q_rs=True, out_perm=q_perm or out_perm, q_perm=q_perm,
@@ -94,6 +77,10 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
         # the epilogue through the query stage and one TMA store (pair_sched._store_tile_tma, fwd.TMA_STORE); rows
         # through a permutation keep the per-element stores
         self.tma_store = tma_store and not (q_perm or out_perm)
+        # the cube order's interior read and written in the caller's layout (fwd_cube.py: 5-D TMA boxes; the kernel's
+        # q, k, v then hold the rest of the blocks, its output is the caller's)
+        self.cube = cube
+        assert not cube or (self.tma_store and not share), "cube: the TMA store, per-list rings"
         self.vt_stages = vt_stages
         # the virtual tiles' bias loads without clamping the column to the row (fwd.BIAS_SLACK: the bias tensor has
         # BS elements of storage past its end; values past a row's end are never used, _bias_slots)
@@ -136,6 +123,12 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                  mIdx: cute.Tensor, mPerm: cute.Tensor, n_vt: cutlass.Int32, scale_log2: cutlass.Float32,
                  scale: cutlass.Float32, stream: cuda.CUstream):
         hs = self._host_setup(mQ4, mK4, mV4, mO4, mKb4, mVm4, mH4, 2, 2 * self.kv_stages)
+        self._launch(hs, None, mQ4, mVB, mIdx, mPerm, n_vt, scale_log2, scale, cutlass.Int32(0), stream)
+
+    @cute.jit
+    def _launch(self, hs, cube, mQ4, mVB, mIdx, mPerm, n_vt, scale_log2, scale, n_cube, stream):
+        """The launch from _host_setup's dict `hs`; cube (fwd_cube.py): the view's loads (q, k, v) and store as
+        (atom, tensor) x 4, else the kernel gets hs's own as placeholders."""
         dt, mQ, mO = hs["dt"], hs["mQ"], hs["mO"]
         sQ_layout, sK_layout, sV_layout = hs["sQ_layout"], hs["sK_layout"], hs["sV_layout"]
         sKp_layout = sm90_utils.make_smem_layout_b(hs["k_layout"], self.qk_tiler, dt, self.vt_stages)
@@ -153,7 +146,7 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                 sL: cute.struct.MemRange[cutlass.Int32, 2 * SHARE_MAX_SEL]
 
         self.smem = Smem
-        n_q = cute.ceil_div(cute.size(mQ, mode=[0]), BS)  # (a hierarchical token mode: its size)
+        n_q = cute.ceil_div(cute.size(mO, mode=[0]), BS)  # (a hierarchical token mode: its size; cube: all blocks)
         tmas = hs["tmas"]
         if cutlass.const_expr(self.q_perm):  # no query TMA: its two slots carry the permutation and q itself
             tmas = (mPerm, mQ) + tmas[2:]
@@ -162,8 +155,10 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
         if cutlass.const_expr(self.tma_store):
             tma_o, gOt = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO,
                                                      cute.slice_(sQ_layout, (None, None, 0)), (BS, self.d))
-        self.kernel(hs["qk_mma"], hs["pv_mma"], hs["qh_mma"], *tmas, tma_o, gOt, mO, mVB, mIdx, mPerm, n_vt,
-                    scale_log2, scale,
+        if cutlass.const_expr(cube is None):
+            cube = tmas[:6] + (tma_o, gOt)
+        self.kernel(hs["qk_mma"], hs["pv_mma"], hs["qh_mma"], *tmas, tma_o, gOt, *cube, n_cube, mO, mVB, mIdx, mPerm,
+                    n_vt, scale_log2, scale,
                     sQ_layout, sK_layout, sV_layout, sKp_layout, sVp_layout).launch(
             grid=[(n_q + 1) // 2, mQ4.shape[1], mQ4.shape[0]], block=[self.threads, 1, 1], stream=stream,
             min_blocks_per_mp=1)
@@ -248,6 +243,7 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                tma_q, gQt: cute.Tensor, tma_k: cute.CopyAtom, gKt: cute.Tensor,
                tma_v: cute.CopyAtom, gVt: cute.Tensor, tma_kb: cute.CopyAtom, gKbt: cute.Tensor,
                tma_vm: cute.CopyAtom, gVmt: cute.Tensor, tma_h: cute.CopyAtom, gHt: cute.Tensor, tma_o, gOt,
+               tma_qc, gQct, tma_kc, gKct, tma_vc, gVct, tma_oc, gOct, n_cube: cutlass.Int32,
                mO: cute.Tensor, mVB: cute.Tensor, mIdx: cute.Tensor, mPerm: cute.Tensor, n_vt: cutlass.Int32,
                scale_log2: cutlass.Float32, scale: cutlass.Float32,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
@@ -311,10 +307,21 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                         q_prod, _ = q_pipes[c].make_participants()
                         tQs, tQg = self._tma_part(tma_q, sQ, gQt, BS, self.d)
                         h = q_prod.acquire_and_advance()
-                        cute.copy(tma_q, tQg[(None, i_q, 0, hb)], tQs[(None, c)], tma_bar_ptr=h.barrier)
+                        if cutlass.const_expr(self.cube):  # block i_q: a cube of the caller's q, else a copied one
+                            tQcs, tQcg = self._tma_part(tma_qc, sQ, gQct, BS, self.d)
+                            if i_q < n_cube:
+                                cute.copy(tma_qc, tQcg[(None, i_q, 0, hb)], tQcs[(None, c)], tma_bar_ptr=h.barrier)
+                            else:
+                                cute.copy(tma_q, tQg[(None, i_q - n_cube, 0, hb)], tQs[(None, c)],
+                                          tma_bar_ptr=h.barrier)
+                        else:
+                            cute.copy(tma_q, tQg[(None, i_q, 0, hb)], tQs[(None, c)], tma_bar_ptr=h.barrier)
                     if cutlass.const_expr(self.share):  # shared blocks of rank parity c, then list c's own
                         n_c, _ = self._list_scan(mIdx, i_b, i_h, i_q, n_sel, n_kv, BS)
                         self._produce_rings(kv_prod, sL, c, n_c, tma_k, tKg, tKs, tma_v, tVg, tVs, hb)
+                    elif cutlass.const_expr(self.cube):
+                        self._produce_cube(kv_prod, mIdx, i_b, i_h, i_q, n_sel, c, n_cube, tma_k, tKg, tKs, tma_v,
+                                           tVg, tVs, tma_kc, gKct, tma_vc, gVct, sK, sV, hb)
                     else:
                         for kk in cutlass.range(n_sel, unroll=1):
                             j = mIdx[i_b, i_h, i_q, kk]
@@ -336,8 +343,8 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
             i_q = cutlass.Int32(i_own)
             if i_q >= n_kv:
                 i_q = n_kv - 1
-            _, q_cons = _pipe_view(q_pipes[0], 2 * c).make_participants()
-            _, kv_cons = _pipe_view(kv_pipes[0], 2 * S * c).make_participants()
+            _, q_cons = pipe_view(q_pipes[0], 2 * c).make_participants()
+            _, kv_cons = pipe_view(kv_pipes[0], 2 * S * c).make_participants()
             koff = c * S  # this consumer's first stage in sK / sV (share: the handles index both rings)
             if cutlass.const_expr(self.share):
                 koff = 0
@@ -555,6 +562,12 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                     if row_sum[0] < -1.0:  # (a row sum is never negative)
                         self._store_rows(mO, acc_o, row_sum, tOcO, i_q, T, hb, self.recip_store,
                                          mPerm if self.out_perm else None)
+            elif cutlass.const_expr(self.cube):  # a cube into the caller's output by TMA, else rows through mPerm
+                if i_own < n_kv:
+                    if i_q < n_cube:
+                        self._store_tile_tma(acc_o, row_sum, pv_thr, sQ, tma_oc, gOct, c, ctid, i_q, hb)
+                    else:
+                        self._store_rows(mO, acc_o, row_sum, tOcO, i_q, T, hb, self.recip_store, mPerm)
             elif cutlass.const_expr(self.tma_store):
                 if i_own < n_kv:
                     self._store_tile_tma(acc_o, row_sum, pv_thr, sQ, tma_o, gOt, c, ctid, i_q, hb)

@@ -24,6 +24,8 @@
   (value means of t - 2 and t - 1, k-bar of t), so the build takes four (225 KiB of shared memory); its producer
   sends each k-bar tile one tile ahead of the value means. Not together with s_ahead (their registers spill).
 """
+import dataclasses
+
 import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import warpgroup
@@ -35,8 +37,47 @@ SHARED = 1 << 30
 ID_MASK = SHARED - 1  # (the -1 padding masked: the largest key)
 
 
+def _shifted(sync, off):
+    """The same mbarrier array `off` barriers further on, without initialising it again (the pipeline of the
+    other consumer, picked by a runtime warpgroup index)."""
+    view = object.__new__(type(sync))
+    view.__dict__.update(sync.__dict__)
+    view.mbarrier_base = sync.mbarrier_base + off
+    view.barrier_storage = sync.barrier_storage + off
+    return view
+
+
+def pipe_view(pipe, off):
+    return dataclasses.replace(pipe, sync_object_full=_shifted(pipe.sync_object_full, off),
+                               sync_object_empty=_shifted(pipe.sync_object_empty, off))
+
+
 class PairSchedule:
     """Methods only; PairFwdSm90 sets `pingpong` and `share`."""
+
+    @cute.jit
+    def _produce_cube(self, kv_prod, mIdx, i_b, i_h, i_q, n_sel, c, n_cube, tma_k, tKg, tKs, tma_v, tVg, tVs, tma_kc,
+                      gKct, tma_vc, gVct, sK, sV, hb):
+        """The cube build's producer (fwd_cube.py): list c's K / V tiles into ring c, block j < n_cube a cube of the
+        caller's k / v (a 5-D box through the view), the others from the copies of the remaining blocks."""
+        S = self.kv_stages
+        tKcs, tKcg = self._tma_part(tma_kc, sK, gKct, BS, self.d)
+        tVcs, tVcg = self._tma_part(tma_vc, sV, gVct, self.d, BS)
+        for kk in cutlass.range(n_sel, unroll=1):
+            j = mIdx[i_b, i_h, i_q, kk]
+            if j >= 0:
+                hk = kv_prod.acquire_and_advance()
+                if j < n_cube:
+                    cute.copy(tma_kc, tKcg[(None, j, 0, hb)], tKcs[(None, c * S + hk.index)], tma_bar_ptr=hk.barrier)
+                else:
+                    cute.copy(tma_k, tKg[(None, j - n_cube, 0, hb)], tKs[(None, c * S + hk.index)],
+                              tma_bar_ptr=hk.barrier)
+                hk = kv_prod.acquire_and_advance()
+                if j < n_cube:
+                    cute.copy(tma_vc, tVcg[(None, 0, j, hb)], tVcs[(None, c * S + hk.index)], tma_bar_ptr=hk.barrier)
+                else:
+                    cute.copy(tma_v, tVg[(None, 0, j - n_cube, hb)], tVs[(None, c * S + hk.index)],
+                              tma_bar_ptr=hk.barrier)
 
     def _pp(self, c, step, n_steps):
         """The ping-pong turn of a step (None without pingpong: _turn and _handover then emit nothing)."""

@@ -232,3 +232,39 @@ BIAS_SLACK = False
 # drop 5.643 -> 5.486 / 29.17 -> 28.86, and 16% more error against float64 than the shipped softmax on large logits
 # (rel L2 1.39e-3 vs 1.20e-3; 5% on dense inputs). Fewer instructions per tile did not buy their share of time at the
 # power cap. The builds are in git history (commit 62dcc63)
+
+# the cube order's interior read and written in the caller's layout (fwd_cube.py, under PSA_MORTON_CUBES; the order
+# itself is kernels/reorder.py's switch): on with the order, so PSA_CUTE_CUBE_VIEW=0 times the same order with
+# today's copies. Session 34: built and compiled on the CPU; not yet run on a GPU
+CUBE_VIEW = True
+
+
+# ---------------------------------------------------------------------------------------------- read per call
+import os  # noqa: E402
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    env = os.environ.get(name)
+    return default if env is None else env.strip() not in ("0", "", "false", "False")
+
+
+def q_perm_enabled(T: int | None = None, variant: str = "pwt") -> bool:
+    """Whether the Morton path hands attention() the caller's q with `perm` for T tokens: where the pair kernel
+    runs (pisa / pwt from PAIR_MIN_BLOCKS KV blocks, PSA_CUTE_PAIR) its PAIR_Q_PERM (PSA_CUTE_PAIR_Q_PERM), else
+    the one-block kernel's Q_PERM (PSA_CUTE_Q_PERM)."""
+    if _pair_runs(T, variant):
+        return _env_flag("PSA_CUTE_PAIR_Q_PERM", PAIR_Q_PERM)
+    return _env_flag("PSA_CUTE_Q_PERM", Q_PERM)
+
+
+def _pair_runs(T: int | None, variant: str) -> bool:
+    """Whether attention() takes the pair kernel for T tokens of `variant` (PAIR_MIN_BLOCKS, PSA_CUTE_PAIR)."""
+    return T is not None and variant in ("pisa", "pwt") and _env_flag("PSA_CUTE_PAIR", -(-T // 64) >= PAIR_MIN_BLOCKS)
+
+
+def out_perm_enabled(T: int | None = None, variant: str = "pwt") -> bool:
+    """Whether the Morton path hands attention() `perm` for the output rows (no scatter): PAIR_OUT_PERM where the
+    pair kernel runs, else OUT_PERM (PSA_CUTE_PAIR_OUT_PERM / PSA_CUTE_OUT_PERM)."""
+    if _pair_runs(T, variant):
+        return _env_flag("PSA_CUTE_PAIR_OUT_PERM", PAIR_OUT_PERM)
+    return _env_flag("PSA_CUTE_OUT_PERM", OUT_PERM)

@@ -1,0 +1,116 @@
+"""The cube order's Morton path without copies of its interior (PSA_MORTON_CUBES, PSA_CUTE_CUBE_VIEW), SM90.
+
+Today's Morton path writes block-order copies of q, k and v (1 GB at Wan2.1-14B 480p, 1.74x q of scratch) so that
+every 64-token block is one TMA box. The cube order (kernels/reorder.py _cube_cpu) puts the whole 4 x 4 x 4 cubes of
+the latent grid [F, H, W] first, in raster order of the cube grid: block b < n_cube is cube b, and an aligned cube of
+the caller's raster layout [B, L, H * D] is one 5-D TMA box. Seen as [B, H, T, D] with the token mode split as
+((4, 4, 4), (W / 4, H / 4, F / 4)) (w fastest at both levels; _cube_view, the grid's sizes dynamic), CuTe builds the
+kernel's [64, 128] tile loads and its output store on the caller's tensors with the box (64 columns, 4, 4, 4) and
+the cube index, head and batch folded into the fifth dimension (bench/probes/cube_tma.py checks that fold on the
+GPU). The blocks after the cubes (the grid's last partial slabs: 11% of the tokens at 480p, 7% at 720p) keep copies
+that the statistics kernel writes as it reads them (block_stats gather_from), and their output rows go through the
+permutation (tile_ops._store_rows). The pair kernel (fwd_pair.py) picks per tile: `cube` builds have a producer that
+loads block j < n_cube through the view and the others from the copies (pair_sched._produce_cube), the query tile
+likewise, and an epilogue that stores a cube by TMA into the caller's output, the others row by row.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+import cuda.bindings.driver as cuda  # noqa: F401  (cutlass-dsl's stream type)
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.nvgpu import cpasync
+
+from .fwd_pair import PairFwdSm90
+from .switches import CUBE_VIEW, _env_flag
+from .tile_ops import BS
+
+
+def cube_scalars(grid, n_cube: int) -> tuple[int, ...]:
+    """The cube build's scalar arguments: (n_cube, W, H, W / 4, H / 4, F / 4) of a grid (F, H, W)."""
+    gf, gh, gw = grid
+    return n_cube, gw, gh, gw // 4, gh // 4, gf // 4
+
+
+def _cube_view(x, gw, gh, wc, hc, fc):
+    """[B, H, T, D] (raster tokens of a grid [F, gh, gw], token stride s) -> the same memory with the token mode
+    ((4, 4, 4), (wc, hc, fc)): token (w, h, f) of cube (cw, ch, cf) at ((4 cf + f) gh + 4 ch + h) gw + 4 cw + w."""
+    s = x.stride[2]
+    row = s * gw
+    plane = row * gh
+    t_shape = ((4, 4, 4), (wc, hc, fc))
+    t_stride = ((s, row, plane), (4 * s, 4 * row, 4 * plane))
+    return cute.make_tensor(x.iterator, cute.make_layout((x.shape[0], x.shape[1], t_shape, x.shape[3]),
+                                                         stride=(x.stride[0], x.stride[1], t_stride, x.stride[3])))
+
+
+class CubePairFwdSm90(PairFwdSm90):
+    """The pair kernel with the cube order's interior read and written through _cube_view: q, k, v hold the blocks
+    from n_cube on (copies), qc, kc, vc and the output are the caller's [B, H, T, D]; perm (int32 [T]) the cube order,
+    through which the copied blocks' output rows go."""
+
+    @cute.jit
+    def __call__(self, mQ4: cute.Tensor, mK4: cute.Tensor, mV4: cute.Tensor, mO4: cute.Tensor,
+                 mKb4: cute.Tensor, mVm4: cute.Tensor, mH4: cute.Tensor, mVB: cute.Tensor,
+                 mIdx: cute.Tensor, mPerm: cute.Tensor, mQc4: cute.Tensor, mKc4: cute.Tensor, mVc4: cute.Tensor,
+                 n_vt: cutlass.Int32, scale_log2: cutlass.Float32, scale: cutlass.Float32, n_cube: cutlass.Int32,
+                 gw: cutlass.Int32, gh: cutlass.Int32, wc: cutlass.Int32, hc: cutlass.Int32, fc: cutlass.Int32,
+                 stream: cuda.CUstream):
+        hs = self._host_setup(mQ4, mK4, mV4, mO4, mKb4, mVm4, mH4, 2, 2 * self.kv_stages)
+        views = [_cube_view(x, gw, gh, wc, hc, fc) for x in (mQc4, mKc4, mVc4, mO4)]
+        hv = self._host_setup(*views, mKb4, mVm4, mH4, 2, 2 * self.kv_stages)
+        tma_oc, gOct = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), hv["mO"],
+                                                   cute.slice_(hv["sQ_layout"], (None, None, 0)), (BS, self.d))
+        self._launch(hs, hv["tmas"][:6] + (tma_oc, gOct), mQ4, mVB, mIdx, mPerm, n_vt, scale_log2, scale, n_cube,
+                     stream)
+
+
+def enabled() -> bool:
+    """PSA_CUTE_CUBE_VIEW (CUBE_VIEW): the cube order's interior through the view (else the cube order's blocks are
+    all copied, as the Morton order's are)."""
+    return _env_flag("PSA_CUTE_CUBE_VIEW", CUBE_VIEW)
+
+
+def forward_cubes(q, k, v, cfg, fperm, grid, n_cube: int, attention, out_bthd: bool = False):
+    """Statistics, routing and the cube build's attention for q, k, v [B, H, T, D] in the caller's raster order of
+    `grid` (no prefix), fperm the cube order (int32 [T], kernels.reorder.full_order), n_cube its whole-cube blocks.
+    The statistics read every row through fperm and copy the rows from n_cube * 64 on (q, k and v: the rest's
+    copies, [3, B, hc, T - n_cube * 64, D], the only scratch beside the statistics); attention(q_rest, k_rest,
+    v_rest, out, st, idx, vbias, cfg, perm=fperm, cube=(q, k, v, grid, n_cube)) per head chunk."""
+    from .. import triton as _kt
+    from ..triton import stats as _stats
+
+    B, H, T, D = q.shape
+    goff = n_cube * BS
+    t_rest = T - goff
+    out = _kt._output_like(q, out_bthd)
+    hc, score_bytes = _kt._chunking(q, cfg, None, None)
+    rest = torch.empty((3, B, hc, max(t_rest, BS), D), device=q.device, dtype=q.dtype)
+    for h0 in range(0, H, hc):
+        h1 = min(H, h0 + hc)
+        qs, ks, vs = q[:, h0:h1], k[:, h0:h1], v[:, h0:h1]
+        r = [rest[i, :, :h1 - h0, :t_rest or BS] for i in range(3)]
+        if t_rest:
+            st = _stats.block_stats(qs, ks, vs, cfg, perm=fperm, gathered=tuple(r), gather_from=goff)
+        else:  # every block a cube: nothing copied (the kernel gets the rest's buffer, never read)
+            st = _stats.block_stats(qs, ks, vs, cfg, perm=fperm)
+        idx, vbias = _stats.route(st, cfg, q.dtype, score_bytes=score_bytes)
+        attention(*r, out[:, h0:h1], st, idx, vbias, cfg, perm=fperm, cube=(qs, ks, vs, grid, n_cube))
+        del st, idx, vbias
+    return out
+
+
+def usable(q, cfg, perm, n_prefix: int):
+    """(grid, n_cube) when forward_cubes takes this call, else None: the switch on, a cube order from orders_on over
+    every token (no prefix), pisa / pwt where the pair kernel runs, no environment override of its build."""
+    from ..reorder import cube_layout
+    from .switches import _pair_runs
+
+    if perm is None or n_prefix or cfg.variant not in ("pisa", "pwt") or not enabled():
+        return None
+    if not _pair_runs(q.shape[2], cfg.variant) or os.environ.get("PSA_CUTE_QRS", "1").strip() == "0":
+        return None
+    return cube_layout(perm)

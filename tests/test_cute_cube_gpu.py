@@ -1,0 +1,81 @@
+"""The cube order's copy-free Morton path (kernels/cute/fwd_cube.py: PSA_MORTON_CUBES, PSA_CUTE_CUBE_VIEW) on an SM90
+GPU. Under the same cube order (kernels/reorder.py _cube_cpu), the pair kernel reading the interior cubes straight
+from the caller's layout through 5-D TMA boxes and writing them back the same way must give the output of the same
+kernel on block-order copies (the same tiles in the same order, the same arithmetic: bitwise, up to nothing), on
+grids with a partial slab on every side, with none (every block a cube: nothing copied), B = 2, the node's [B, L, H *
+D] memory and a contiguous [B, H, T, D]; and agree with the Triton backend under the same order to bf16 rounding.
+A prefix (text in front) keeps the copies. Skipped (one line) without CUDA, an SM90 GPU or nvidia-cutlass-dsl.
+Written in session 34 (2026-12-06), not yet run on a GPU."""
+import math
+
+import pytest
+import torch
+
+from gpu_common import cute_skip_reason, node_layout_qkv, rel, rnd
+
+_why = cute_skip_reason()
+if _why is not None:
+    pytest.skip(f"CuTe cube-path GPU tests skipped: {_why}", allow_module_level=True)
+
+pytestmark = pytest.mark.gpu
+
+
+def _call(q, k, v, grid, n_prefix, monkeypatch, view, backend="cute", variant="pwt"):
+    from kernels import piecewise_sparse_attention as psa
+    monkeypatch.setenv("PSA_CUDA_GRAPHS", "0")
+    monkeypatch.setenv("PSA_CUTE_PAIR", "1")
+    monkeypatch.setenv("PSA_MORTON_CUBES", "1")
+    monkeypatch.setenv("PSA_CUTE_CUBE_VIEW", "1" if view else "0")
+    return psa(q, k, v, density=0.125, variant=variant, reorder="morton", grid=grid, n_prefix=n_prefix,
+               backend=backend, on_failure="raise")
+
+
+@pytest.mark.parametrize("variant", ["pwt", "pisa"])
+@pytest.mark.parametrize("grid, B, H, node", [((21, 30, 52), 1, 2, True), ((6, 18, 27), 2, 3, True),
+                                               ((8, 16, 16), 1, 2, True), ((5, 14, 23), 1, 2, False)],
+                         ids=["wan480p", "odd_B2", "all_cubes", "contiguous"])
+def test_cube_view_equals_the_copies(grid, B, H, node, variant, monkeypatch):
+    from kernels.cute import fwd as CF
+    from kernels.reorder import cube_blocks
+    T = math.prod(grid)
+    if node:
+        q, k, v = node_layout_qkv(B, T, H, 128, seed=341)
+    else:
+        q, k, v = (rnd((B, H, T, 128), seed=341 + s) for s in range(3))
+    base = _call(q, k, v, grid, 0, monkeypatch, view=False, variant=variant)
+    out = _call(q, k, v, grid, 0, monkeypatch, view=True, variant=variant)
+    assert cube_blocks(grid) > 0
+    assert any(b["cube"] for b in CF.compiled_builds()), CF.compiled_builds()
+    assert torch.isfinite(out).all() and out.shape == base.shape and out.stride() == base.stride()
+    assert torch.equal(out, base), rel(out, base)
+    tri = _call(q, k, v, grid, 0, monkeypatch, view=True, backend="triton", variant=variant)
+    assert rel(out, tri) <= 3e-3, rel(out, tri)
+
+
+def test_cube_path_copies_only_the_rest(monkeypatch):
+    # the statistics write copies of the blocks after the cubes only: 40 of 512 blocks' rows at 480p's grid would be
+    # 11%; here the scratch the call allocates beyond its output stays below half of q's bytes
+    grid, H = (21, 30, 52), 8
+    q, k, v = node_layout_qkv(1, math.prod(grid), H, 128, seed=342)
+    _call(q, k, v, grid, 0, monkeypatch, view=True)  # compiled, warm
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = _call(q, k, v, grid, 0, monkeypatch, view=True)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base - out.numel() * out.element_size()
+    assert extra <= 0.5 * q.numel() * q.element_size(), extra / (q.numel() * q.element_size())
+
+
+def test_prefix_keeps_the_copies(monkeypatch):
+    # a prefix (text in front) shifts the cubes off the 64-token blocks: the copies as before, under the cube order
+    from kernels.cute import fwd_cube
+    grid, npre, H = (8, 16, 20), 7, 2
+    q, k, v = node_layout_qkv(1, npre + math.prod(grid), H, 128, seed=343)
+    calls = []
+    real = fwd_cube.forward_cubes
+    monkeypatch.setattr(fwd_cube, "forward_cubes", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    out = _call(q, k, v, grid, npre, monkeypatch, view=True)
+    assert calls == [] and torch.isfinite(out).all()
+    tri = _call(q, k, v, grid, npre, monkeypatch, view=True, backend="triton")
+    assert rel(out, tri) <= 3e-3, rel(out, tri)
