@@ -166,8 +166,8 @@ def test_gather_from_copies_only_the_tail(grid, prefix, copy_q, monkeypatch):
     perm = full_order(orders_on(grid, "cuda")[0], prefix)
     want = [t.index_select(2, perm.long())[:, :, goff:] for t in (q, k, v)]
     cfg = cfg_of(D, 0.125, "pwt")
-    for gluon, tma in ((True, False), (False, False), (False, True)):  # (tma: the copies by TMA stores, where the
-        # blocks before gather_from land at negative rows, clipped by the tensor map)
+    for gluon, tma in ((True, False), (False, False), (False, True)):  # (either switch on: stats_h's per-thread
+        # stores all the same, the Gluon kernel and the TMA copies taking no gather_from)
         monkeypatch.setenv("PSA_STATS_GLUON", "1" if gluon else "0")
         monkeypatch.setenv("PSA_STATS_TMA_COPY", "1" if tma else "0")
         full = torch.empty((3, B, H, T, D), device="cuda", dtype=torch.bfloat16)

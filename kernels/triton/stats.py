@@ -373,9 +373,9 @@ def block_stats(q, k, v, cfg: SparseConfig, *, perm: torch.Tensor | None = None,
         from .stats_h import stats_with_h
         parts = stats_h_parts(n, B * HC, dev, D)
         res = None
-        if stats_gl.usable(q, k, v, perm, gathered):  # PSA_STATS_GLUON=1: the Gluon kernels (stats_gl.py)
+        if stats_gl.usable(q, k, v, perm, gathered, gather_from):  # PSA_STATS_GLUON: the Gluon kernels (stats_gl.py)
             res = stats_gl.stats_with_h_checked(q, k, v, pm, strides, g_args, n=n, bs=bs, need_pwt=need_pwt,
-                                                parts=parts, perm=perm, gathered=gathered, goff=gather_from)
+                                                parts=parts, perm=perm, gathered=gathered)
         st32, lp, hpart = res if res is not None else stats_with_h(
             q, k, v, pm, strides, g_args, n=n, bs=bs, need_pwt=need_pwt, has_perm=perm is not None,
             gather=gathered is not None, gather_q=gathered is not None and gathered[0] is not None, parts=parts,

@@ -86,13 +86,12 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _gl_consumer(sq, sk, sv, ready, empty, ST32, LP, HPART, FLAG, qg_desc, kg_desc, vg_desc, HC, T, N, G, NPART,
-                     SROW, n_items, GOFF, D: gl.constexpr, BS: gl.constexpr, NEED_PWT: gl.constexpr,
-                     STAGES: gl.constexpr, COPY: gl.constexpr):
+                     SROW, n_items, D: gl.constexpr, BS: gl.constexpr, NEED_PWT: gl.constexpr, STAGES: gl.constexpr,
+                     COPY: gl.constexpr):
         """The 8 consumer warps, per item: every block's statistics (stored as they come), sum_j H_j (the H
         partial, stored at the item's end) and the item's non-finite flag. COPY (the Morton gather): the staged
         k and v tiles (2: and q's) go out to their block-order copies by TMA stores, issued as a block's tiles
-        arrive and waited for (their reads of the slot) before the slot is freed; block-order rows from GOFF on only,
-        to row (row - GOFF) of the copies."""
+        arrive and waited for (their reads of the slot) before the slot is freed."""
         dt: gl.constexpr = sq.dtype
         # every column sum inside one warp: 8 warps x 16 columns, 4 x 8 threads, 2 x 2 elements per step
         RED: gl.constexpr = gl.BlockedLayout([2, 2], [4, 8], [1, gl.num_warps()], [1, 0])
@@ -132,12 +131,11 @@ if HAVE_GLUON:
                 tk = sk.index(s).reshape([BS, D])
                 tv = sv.index(s).reshape([BS, D])
                 if COPY > 0:  # the gathered tiles (cp.async, the generic proxy) out through the async proxy
-                    if j * BS >= GOFF:
-                        fence_async_shared()
-                        if COPY > 1:
-                            tma.async_copy_shared_to_global(qg_desc, [i_b, i_h, j * BS - GOFF, 0], sq.index(s))
-                        tma.async_copy_shared_to_global(kg_desc, [i_b, i_h, j * BS - GOFF, 0], sk.index(s))
-                        tma.async_copy_shared_to_global(vg_desc, [i_b, i_h, j * BS - GOFF, 0], sv.index(s))
+                    fence_async_shared()
+                    if COPY > 1:
+                        tma.async_copy_shared_to_global(qg_desc, [i_b, i_h, j * BS, 0], sq.index(s))
+                    tma.async_copy_shared_to_global(kg_desc, [i_b, i_h, j * BS, 0], sk.index(s))
+                    tma.async_copy_shared_to_global(vg_desc, [i_b, i_h, j * BS, 0], sv.index(s))
                 acc = warpgroup_mma(tk.permute([1, 0]), tv, acc, is_async=True)
                 cnt = gl.minimum(T - j * BS, BS)
                 rcnt = 1.0 / cnt.to(gl.float32)  # exact for whole blocks (1 / 64)
@@ -211,7 +209,7 @@ if HAVE_GLUON:
         TILE_BYTES: gl.constexpr = 3 * BS * D * dt.primitive_bitwidth // 8
         gl.warp_specialize([
             (_gl_consumer, (sq, sk, sv, ready, empty, ST32, LP, HPART, FLAG, q_desc, k_desc, v_desc, HC, T, N, G,
-                            NPART, SROW, n_items, 0, D, BS, NEED_PWT, STAGES, 0)),
+                            NPART, SROW, n_items, D, BS, NEED_PWT, STAGES, 0)),
             (_gl_loader, (q_desc, k_desc, v_desc, sq, sk, sv, ready, empty, HC, N, G, NPART, n_items, BS, STAGES,
                           TILE_BYTES)),
         ], [1], [40])
@@ -265,14 +263,14 @@ if HAVE_GLUON:
     @gluon.jit
     def _stats_gl_gather_kernel(Q, K, V, PERM, qg_desc, kg_desc, vg_desc, ST32, LP, HPART, FLAG,
                                 sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t, HC, T, N, G, NPART, SROW, n_items,
-                                GOFF, D: gl.constexpr, BS: gl.constexpr, NEED_PWT: gl.constexpr, STAGES: gl.constexpr,
+                                D: gl.constexpr, BS: gl.constexpr, NEED_PWT: gl.constexpr, STAGES: gl.constexpr,
                                 COPY: gl.constexpr, LOADER_WARPS: gl.constexpr):
         """The statistics through the Morton permutation, writing the block-order copies of k and v (COPY 1) or of
         q, k and v (COPY 2) from the staged tiles (the copies' descriptors give the ring's shared-memory layout)."""
         sq, sk, sv, ready, empty = _gl_ring(kg_desc, STAGES, LOADER_WARPS * 32)
         gl.warp_specialize([
             (_gl_consumer, (sq, sk, sv, ready, empty, ST32, LP, HPART, FLAG, qg_desc, kg_desc, vg_desc, HC, T, N, G,
-                            NPART, SROW, n_items, GOFF, D, BS, NEED_PWT, STAGES, COPY)),
+                            NPART, SROW, n_items, D, BS, NEED_PWT, STAGES, COPY)),
             (_gl_gather_loader, (Q, K, V, PERM, sq, sk, sv, ready, empty, sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b,
                                  sv_h, sv_t, HC, T, N, G, NPART, n_items, D, BS, STAGES, LOADER_WARPS)),
         ], [LOADER_WARPS], [80])
@@ -297,11 +295,15 @@ def enabled() -> bool:
     return env_switch("PSA_STATS_GLUON", True)
 
 
-def usable(q, k, v, perm, gathered) -> bool:
+def usable(q, k, v, perm, gathered, gather_from: int = 0) -> bool:
     """This kernel covers the statistics of 16-bit q, k, v with head dim 128 on SM90 (TMA and wgmma): raster or node
     layout (no perm), and the Morton gather that writes the block-order copies (perm with `gathered`, the k and v
     copies at least), for tensors whose rows and strides TMA / 16-byte cp.async accept; the rest runs stats_h."""
     if not (HAVE_GLUON and enabled()) or _INTERPRET or not q.is_cuda or (perm is None) != (gathered is None):
+        return False
+    if gather_from:  # (the cube order's tail copies: stats_h's per-thread stores. Session 34's first build took them
+        # here too, behind a run-time branch around the copies, and its test hit an illegal instruction on an H100;
+        # which arm raised it was not seen, so this kernel stays as it was)
         return False
     if q.dtype not in (torch.bfloat16, torch.float16) or not (q.dtype == k.dtype == v.dtype) or q.shape[-1] != 128:
         return False
@@ -312,7 +314,7 @@ def usable(q, k, v, perm, gathered) -> bool:
     return all(tma_aligned(x) for x in xs)
 
 
-def stats_with_h_checked(q, k, v, pm, strides, g_args, *, n, bs, need_pwt, parts, perm=None, gathered=None, goff=0):
+def stats_with_h_checked(q, k, v, pm, strides, g_args, *, n, bs, need_pwt, parts, perm=None, gathered=None):
     """(st32, lp, hpart) as stats_h.stats_with_h gives them (the same arguments), from the Gluon kernels and the
     fix-up launch of stats_h._stats_h_kernel over the programs flagged non-finite; None if a Gluon kernel fails to
     build or launch here (logged once per device; the caller then runs stats_h)."""
@@ -322,15 +324,14 @@ def stats_with_h_checked(q, k, v, pm, strides, g_args, *, n, bs, need_pwt, parts
             st32, lp, hpart, flag = stats_with_h_gl(q, k, v, n=n, bs=bs, need_pwt=need_pwt, parts=parts)
         else:
             st32, lp, hpart, flag = stats_with_h_gl_gather(q, k, v, perm, gathered, n=n, bs=bs, need_pwt=need_pwt,
-                                                           parts=parts, goff=goff)
+                                                           parts=parts)
     except Exception as e:  # noqa: BLE001  (a Triton whose Gluon API differs: the Triton kernel instead)
         _broken[str(q.device)] = f"{type(e).__name__}: {e}"
         _log.warning("piecewise_sparse_attention: the Gluon statistics kernel failed on %s (%s); the Triton "
                      "statistics kernel runs instead", q.device, _broken[str(q.device)][:300])
         return None
     stats_h.redo_flagged(q, k, v, pm, strides, g_args, st32, lp, hpart, flag, n=n, bs=bs, need_pwt=need_pwt,
-                         gathered=gathered is not None, gather_q=gathered is not None and gathered[0] is not None,
-                         goff=goff)
+                         gathered=gathered is not None, gather_q=gathered is not None and gathered[0] is not None)
     return st32, lp, hpart
 
 
@@ -370,9 +371,9 @@ def stats_with_h_gl(q, k, v, *, n, bs, need_pwt, parts):
 LOADER_WARPS = 4  # the Morton gather's cp.async loader warps
 
 
-def stats_with_h_gl_gather(q, k, v, perm, gathered, *, n, bs, need_pwt, parts, goff=0):
+def stats_with_h_gl_gather(q, k, v, perm, gathered, *, n, bs, need_pwt, parts):
     """stats_with_h_gl through the Morton permutation `perm` (int32, the caller's row of each block-order position),
-    writing the block-order copies `gathered` = (q's or None, k's, v's) from the staged tiles (rows from goff on)."""
+    writing the block-order copies `gathered` = (q's or None, k's, v's) from the staged tiles."""
     B, HC, T, D = q.shape
     qg, kg, vg = gathered
     g, p, st32, lp, hpart, flag = _outputs(q, n, parts, need_pwt)
@@ -381,6 +382,6 @@ def stats_with_h_gl_gather(q, k, v, perm, gathered, *, n, bs, need_pwt, parts, g
     _stats_gl_gather_kernel[(min(n_items, _n_sm(q.device)),)](
         q, k, v, perm, _desc(qg, bs) if qg is not None else kd, kd, vd, st32, lp, hpart, flag,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
-        v.stride(2), HC, T, n, g, p, B * HC * n * D, n_items, goff, D=D, BS=bs, NEED_PWT=need_pwt, STAGES=STAGES,
+        v.stride(2), HC, T, n, g, p, B * HC * n * D, n_items, D=D, BS=bs, NEED_PWT=need_pwt, STAGES=STAGES,
         COPY=2 if qg is not None else 1, LOADER_WARPS=LOADER_WARPS, num_warps=8)
     return st32, lp, hpart, flag

@@ -183,11 +183,11 @@ def _stats_h_kernel(
         b_q = tl.load(p_q + o_r[:, None] * sq_t + o_d[None, :])  # [BS, D]
         b_k = tl.load(p_k + o_r[:, None] * sk_t + o_d[None, :])
         b_v = tl.load(p_v + o_r[:, None] * sv_t + o_d[None, :])
-        if GATHER and TMA_G:  # (a block before GOFF: rows at negative coordinates, which the tensor map clips)
+        if GATHER and TMA_G:  # (never with GOFF: stats_with_h)
             if GATHER_Q:
-                QGD.store([i_b, i_h, j * BS - GOFF, 0], b_q.reshape([1, 1, BS, D]))
-            KGD.store([i_b, i_h, j * BS - GOFF, 0], b_k.reshape([1, 1, BS, D]))
-            VGD.store([i_b, i_h, j * BS - GOFF, 0], b_v.reshape([1, 1, BS, D]))
+                QGD.store([i_b, i_h, j * BS, 0], b_q.reshape([1, 1, BS, D]))
+            KGD.store([i_b, i_h, j * BS, 0], b_k.reshape([1, 1, BS, D]))
+            VGD.store([i_b, i_h, j * BS, 0], b_v.reshape([1, 1, BS, D]))
         elif GATHER:
             o_gt = (o_t - GOFF).to(tl.int64)
             p_gt = o_g + o_gt[:, None] * sg_t + o_d[None, :]
@@ -325,7 +325,7 @@ def stats_with_h(q, k, v, pm, strides, g_args, *, n, bs, need_pwt, has_perm, gat
     hpart = torch.empty(B, HC, p, D, D, device=q.device, dtype=torch.float32)
     # the interpreter's bfloat16 dot is wrong: there every dot takes float32 operands (exact for these inputs)
     lowp = not _INTERPRET
-    descs = _copy_descs(g_args[:3], bs, gather_q) if gather and tma_copy_enabled(q.device) else None
+    descs = _copy_descs(g_args[:3], bs, gather_q) if gather and not goff and tma_copy_enabled(q.device) else None
     stages = loop_stages(has_perm, q.device)
     _stats_h_kernel[(p, HC, B)](
         q, k, v, pm, st32, lp, hpart, *g_args[:3], *(descs or g_args[:3]), *strides, *g_args[3:], HC, T, n, g, p,
