@@ -60,13 +60,14 @@ def _():
 @case("usable_only_for_the_cube_order_without_a_prefix")
 def _():
     grid = (5, 9, 13)
-    q = rnd(1, 2, 585, 128, dtype=torch.bfloat16)
+    q = rnd(1, 585, 2, 128, dtype=torch.bfloat16).transpose(1, 2)  # the caller's [B, L, H * D]
     cfg = cfg_of(128, 0.3, "pwt")
     os.environ["PSA_CUTE_PAIR"] = "1"
     os.environ["PSA_MORTON_CUBES"] = "1"
     perm = orders_on(grid, "cpu")[0]
     r = {"on": fwd_cube.usable(q, cfg, perm, 0), "prefix": fwd_cube.usable(q, cfg, perm, 3),
-         "drop": fwd_cube.usable(q, cfg_of(128, 0.3, "drop"), perm, 0)}
+         "drop": fwd_cube.usable(q, cfg_of(128, 0.3, "drop"), perm, 0),
+         "contiguous": fwd_cube.usable(q.contiguous(), cfg, perm, 0)}
     os.environ["PSA_CUTE_CUBE_VIEW"] = "0"
     r["view_off"] = fwd_cube.usable(q, cfg, perm, 0)
     os.environ.pop("PSA_CUTE_CUBE_VIEW")

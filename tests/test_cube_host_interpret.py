@@ -30,4 +30,5 @@ def test_forward_cubes_hands_the_kernel_its_blocks(res):
 
 def test_usable_only_for_the_cube_order_without_a_prefix(res):
     r = get(res, "usable_only_for_the_cube_order_without_a_prefix")
-    assert r == {"on": [5, 9, 13, 6], "prefix": None, "drop": None, "view_off": None, "order_off": None}, r
+    assert r == {"on": [5, 9, 13, 6], "prefix": None, "drop": None, "contiguous": None, "view_off": None,
+                 "order_off": None}, r

@@ -15,6 +15,7 @@ likewise, and an epilogue that stores a cube by TMA into the caller's output, th
 """
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -36,14 +37,18 @@ def cube_scalars(grid, n_cube: int) -> tuple[int, ...]:
 
 
 def _cube_view(x, gw, gh, wc, hc, fc):
-    """[B, H, T, D] (raster tokens of a grid [F, gh, gw], token stride s) -> the same memory with the token mode
-    ((4, 4, 4), (wc, hc, fc)): token (w, h, f) of cube (cw, ch, cf) at ((4 cf + f) gh + 4 ch + h) gw + 4 cw + w."""
+    """[B, H, T, D] (raster tokens of a grid [F, gh, gw], token stride s, head stride sh) -> [B, 1, T', D] over the same
+    memory with T' = ((4, 4, 4), (H, wc, hc, fc)): row (w, h, f) of tile (head, cw, ch, cf) is token ((4 cf + f) gh +
+    4 ch + h) gw + 4 cw + w of that head. The head leads the tile index on purpose: CuTe folds the tile modes (head,
+    cube index, batch) into one TMA dimension whose coordinate unit is the first mode's stride, so that stride must
+    divide the others (usable: the caller's [B, L, H * D], head stride D). With the cube index first (stride 4 s) the
+    head's stride D / 4 s was rounded up to 1: session 34's first GPU run read and wrote the wrong tiles."""
     s = x.stride[2]
     row = s * gw
     plane = row * gh
-    t_shape = ((4, 4, 4), (wc, hc, fc))
-    t_stride = ((s, row, plane), (4 * s, 4 * row, 4 * plane))
-    return cute.make_tensor(x.iterator, cute.make_layout((x.shape[0], x.shape[1], t_shape, x.shape[3]),
+    t_shape = ((4, 4, 4), (x.shape[1], wc, hc, fc))
+    t_stride = ((s, row, plane), (x.stride[1], 4 * s, 4 * row, 4 * plane))
+    return cute.make_tensor(x.iterator, cute.make_layout((x.shape[0], 1, t_shape, x.shape[3]),
                                                          stride=(x.stride[0], x.stride[1], t_stride, x.stride[3])))
 
 
@@ -81,7 +86,12 @@ def forward_cubes(q, k, v, cfg, fperm, grid, n_cube: int, attention, out_bthd: b
     copies, [3, B, hc, T - n_cube * 64, D], the only scratch beside the statistics); attention(q_rest, k_rest,
     v_rest, out, st, idx, vbias, cfg, perm=fperm, cube=(q, k, v, grid, n_cube)) per head chunk."""
     from .. import triton as _kt
+    from ..dispatch import log_once
     from ..triton import stats as _stats
+
+    log_once("cute:cube_view", "piecewise_sparse_attention: PSA_MORTON_CUBES: the CuTe cube build reads the cube "
+             "order's interior in place (experimental: its heads-first view has not run on a GPU yet, session 34; "
+             "PSA_CUTE_CUBE_VIEW=0 keeps the copies)", level=logging.WARNING)
 
     B, H, T, D = q.shape
     goff = n_cube * BS
@@ -113,4 +123,14 @@ def usable(q, cfg, perm, n_prefix: int):
         return None
     if not _pair_runs(q.shape[2], cfg.variant) or os.environ.get("PSA_CUTE_QRS", "1").strip() == "0":
         return None
+    if not fold_exact(q):
+        return None
     return cube_layout(perm)
+
+
+def fold_exact(x) -> bool:
+    """True when _cube_view's folded TMA dimension is exact for x [B, H, T, D] and its tiles can be addressed without
+    a division (pair_sched._cube_tile): the token stride is H head strides and the head stride divides the batch
+    stride (the caller's [B, L, H * D] memory or a head chunk of it; a contiguous [B, H, T, D] is not)."""
+    sb, sh, st, _ = x.stride()
+    return sh > 0 and st == x.shape[1] * sh and (x.shape[0] == 1 or sb % sh == 0)

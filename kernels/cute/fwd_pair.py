@@ -309,8 +309,10 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                         h = q_prod.acquire_and_advance()
                         if cutlass.const_expr(self.cube):  # block i_q: a cube of the caller's q, else a copied one
                             tQcs, tQcg = self._tma_part(tma_qc, sQ, gQct, BS, self.d)
-                            if i_q < n_cube:
-                                cute.copy(tma_qc, tQcg[(None, i_q, 0, hb)], tQcs[(None, c)], tma_bar_ptr=h.barrier)
+                            if i_q < n_cube:  # (the view's tile of head i_h, cube i_q: fwd_cube._cube_view)
+                                cute.copy(tma_qc, tQcg[(None, self._cube_tile(mPerm, i_h, mIdx.shape[1], i_q), 0,
+                                                        (0, i_b))],
+                                          tQcs[(None, c)], tma_bar_ptr=h.barrier)
                             else:
                                 cute.copy(tma_q, tQg[(None, i_q - n_cube, 0, hb)], tQs[(None, c)],
                                           tma_bar_ptr=h.barrier)
@@ -320,8 +322,8 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                         n_c, _ = self._list_scan(mIdx, i_b, i_h, i_q, n_sel, n_kv, BS)
                         self._produce_rings(kv_prod, sL, c, n_c, tma_k, tKg, tKs, tma_v, tVg, tVs, hb)
                     elif cutlass.const_expr(self.cube):
-                        self._produce_cube(kv_prod, mIdx, i_b, i_h, i_q, n_sel, c, n_cube, tma_k, tKg, tKs, tma_v,
-                                           tVg, tVs, tma_kc, gKct, tma_vc, gVct, sK, sV, hb)
+                        self._produce_cube(kv_prod, mIdx, mPerm, i_b, i_h, i_q, n_sel, c, n_cube, tma_k, tKg, tKs,
+                                           tma_v, tVg, tVs, tma_kc, gKct, tma_vc, gVct, sK, sV, hb)
                     else:
                         for kk in cutlass.range(n_sel, unroll=1):
                             j = mIdx[i_b, i_h, i_q, kk]
@@ -565,7 +567,8 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
             elif cutlass.const_expr(self.cube):  # a cube into the caller's output by TMA, else rows through mPerm
                 if i_own < n_kv:
                     if i_q < n_cube:
-                        self._store_tile_tma(acc_o, row_sum, pv_thr, sQ, tma_oc, gOct, c, ctid, i_q, hb)
+                        self._store_tile_tma(acc_o, row_sum, pv_thr, sQ, tma_oc, gOct, c, ctid, i_q, (0, i_b),
+                                             tile=self._cube_tile(mPerm, i_h, mIdx.shape[1], i_q))
                     else:
                         self._store_rows(mO, acc_o, row_sum, tOcO, i_q, T, hb, self.recip_store, mPerm)
             elif cutlass.const_expr(self.tma_store):

@@ -56,11 +56,24 @@ class PairSchedule:
     """Methods only; PairFwdSm90 sets `pingpong` and `share`."""
 
     @cute.jit
-    def _produce_cube(self, kv_prod, mIdx, i_b, i_h, i_q, n_sel, c, n_cube, tma_k, tKg, tKs, tma_v, tVg, tVs, tma_kc,
-                      gKct, tma_vc, gVct, sK, sV, hb):
+    def _cube_tile(self, mPerm, i_h, n_h, j):
+        """The view's tile of head i_h, cube j (fwd_cube._cube_view) as a coordinate of its tile mode (H, wc, hc, fc)
+        that CuTe turns into the folded TMA coordinate without a division: that coordinate is the tile's element
+        offset over the head stride, i.e. (raster token of the cube's first row) x H + i_h for the caller's
+        [B, L, H * D] (fwd_cube.fold_exact), and the cube order says which token that is (mPerm[64 j]). An index
+        into the mode's first entry beyond H is never bounds-checked; CuTe's own split of (i_h, j) over the mode
+        cost the kernel 68 bytes of spills (two divisions per tile)."""
+        return (mPerm[j * BS] * n_h + i_h, 0, 0, 0)
+
+    @cute.jit
+    def _produce_cube(self, kv_prod, mIdx, mPerm, i_b, i_h, i_q, n_sel, c, n_cube, tma_k, tKg, tKs, tma_v, tVg, tVs,
+                      tma_kc, gKct, tma_vc, gVct, sK, sV, hb):
         """The cube build's producer (fwd_cube.py): list c's K / V tiles into ring c, block j < n_cube a cube of the
-        caller's k / v (a 5-D box through the view), the others from the copies of the remaining blocks."""
+        caller's k / v (a 5-D box through the view: _cube_tile), the others from the
+        copies of the remaining blocks."""
         S = self.kv_stages
+        n_h = mIdx.shape[1]
+        hb1 = (0, i_b)
         tKcs, tKcg = self._tma_part(tma_kc, sK, gKct, BS, self.d)
         tVcs, tVcg = self._tma_part(tma_vc, sV, gVct, self.d, BS)
         for kk in cutlass.range(n_sel, unroll=1):
@@ -68,13 +81,15 @@ class PairSchedule:
             if j >= 0:
                 hk = kv_prod.acquire_and_advance()
                 if j < n_cube:
-                    cute.copy(tma_kc, tKcg[(None, j, 0, hb)], tKcs[(None, c * S + hk.index)], tma_bar_ptr=hk.barrier)
+                    cute.copy(tma_kc, tKcg[(None, self._cube_tile(mPerm, i_h, n_h, j), 0, hb1)], tKcs[(None, c * S + hk.index)],
+                              tma_bar_ptr=hk.barrier)
                 else:
                     cute.copy(tma_k, tKg[(None, j - n_cube, 0, hb)], tKs[(None, c * S + hk.index)],
                               tma_bar_ptr=hk.barrier)
                 hk = kv_prod.acquire_and_advance()
                 if j < n_cube:
-                    cute.copy(tma_vc, tVcg[(None, 0, j, hb)], tVcs[(None, c * S + hk.index)], tma_bar_ptr=hk.barrier)
+                    cute.copy(tma_vc, tVcg[(None, 0, self._cube_tile(mPerm, i_h, n_h, j), hb1)], tVcs[(None, c * S + hk.index)],
+                              tma_bar_ptr=hk.barrier)
                 else:
                     cute.copy(tma_v, tVg[(None, 0, j - n_cube, hb)], tVs[(None, c * S + hk.index)],
                               tma_bar_ptr=hk.barrier)

@@ -235,7 +235,11 @@ BIAS_SLACK = False
 
 # the cube order's interior read and written in the caller's layout (fwd_cube.py, under PSA_MORTON_CUBES; the order
 # itself is kernels/reorder.py's switch): on with the order, so PSA_CUTE_CUBE_VIEW=0 times the same order with
-# today's copies. Session 34: built and compiled on the CPU; not yet run on a GPU
+# today's copies. Session 34 on an H100 (bench/results/pieces_h200.md, Session 34): the first build's view put the
+# cube index before the head in the folded TMA dimension, whose coordinate unit is the first mode's stride, so the
+# head's coordinate was rounded and every view test failed (outputs unlike the copies', some non-finite; 480p +8.7%,
+# peak 1.74x -> 0.81x q). Rebuilt heads first, tiles addressed without divisions (pair_sched._cube_tile; 168
+# registers, no spills), its coordinates checked on the CPU (tests/test_cube_view_coords.py); not yet run on a GPU
 CUBE_VIEW = True
 
 

@@ -220,11 +220,12 @@ class TileOps:
                     mO[t_row, tOcO[e][1], hb] = x.to(mO.element_type)
 
     @cute.jit
-    def _store_tile_tma(self, acc_o, row_sum, pv_thr, sQ, tma_o, gOt, c, ctid, i_q, hb):
+    def _store_tile_tma(self, acc_o, row_sum, pv_thr, sQ, tma_o, gOt, c, ctid, i_q, hb, tile=None):
         """The epilogue with tma_store (fwd_pair.py; fwd.py's one-block kernel: c = 0): the tile normalised as
         _store_rows does (recip_store: one reciprocal per row), converted into query stage c and made visible to
         the async proxy; then one thread stores the whole 64-row tile with TMA (rows past T are clipped by the
-        tensor map) and waits until the stage has been read (the CTA's shared memory must outlive those reads)."""
+        tensor map) and waits until the stage has been read (the CTA's shared memory must outlive those reads).
+        tile: the tile's coordinate in gOt's tile mode in place of i_q (the cube view: pair_sched._cube_tile)."""
         recip = getattr(self, "recip_store", False)
         inv = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Float32)
         if cutlass.const_expr(recip):
@@ -240,7 +241,10 @@ class TileOps:
         cute.arch.barrier(barrier_id=1 + c, number_of_threads=128)
         if ctid == 0:
             tOs, tOg = self._tma_part(tma_o, sQ, gOt, BS, self.d)
-            cute.copy(tma_o, tOs[(None, c)], tOg[(None, i_q, 0, hb)])
+            if cutlass.const_expr(tile is not None):
+                cute.copy(tma_o, tOs[(None, c)], tOg[(None, tile, 0, hb)])
+            else:
+                cute.copy(tma_o, tOs[(None, c)], tOg[(None, i_q, 0, hb)])
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
