@@ -224,7 +224,7 @@ def _forward_impl(q, k, v, cfg: SparseConfig, *, routing=None, perm=None, n_pref
     q, k, v = (x if aligned16(x) else x.clone(memory_format=torch.contiguous_format) for x in (q, k, v))
     if perm is not None and routing is None and _fwd_cube is not None:  # the cube order's interior read in place
         lay = _fwd_cube.usable(q, cfg, perm, n_prefix)
-        if lay is not None:
+        if lay is not None and _fwd_cube.fold_exact(k) and _fwd_cube.fold_exact(v):
             with _kt.on_device(q):
                 fperm = _kt._full_perm(perm, 0, q.shape[2], q.device)
                 return _fwd_cube.forward_cubes(q, k, v, cfg, fperm, *lay, _attention, out_bthd)
