@@ -3,11 +3,11 @@
 Today's Morton path writes block-order copies of q, k and v (1 GB at Wan2.1-14B 480p, 1.74x q of scratch) so that
 every 64-token block is one TMA box. The cube order (kernels/reorder.py _cube_cpu) puts the whole 4 x 4 x 4 cubes of
 the latent grid [F, H, W] first, in raster order of the cube grid: block b < n_cube is cube b, and an aligned cube of
-the caller's raster layout [B, L, H * D] is one 5-D TMA box. Seen as [B, H, T, D] with the token mode split as
-((4, 4, 4), (W / 4, H / 4, F / 4)) (w fastest at both levels; _cube_view, the grid's sizes dynamic), CuTe builds the
-kernel's [64, 128] tile loads and its output store on the caller's tensors with the box (64 columns, 4, 4, 4) and
-the cube index, head and batch folded into the fifth dimension (bench/probes/cube_tma.py checks that fold on the
-GPU). The blocks after the cubes (the grid's last partial slabs: 11% of the tokens at 480p, 7% at 720p) keep copies
+the caller's raster layout [B, L, H * D] is one 5-D TMA box. Seen as [B, 1, T', D] with the token mode split as
+((4, 4, 4), (H, W / 4, H / 4, F / 4)) (w fastest; _cube_view, the grid's sizes dynamic), CuTe builds the kernel's
+[64, 128] tile loads and its output store on the caller's tensors with the box (64 columns, 4, 4, 4) and the head,
+cube index and batch folded into the fifth dimension, head first (tests/test_cube_view_coords.py checks the fold's
+coordinates on the CPU; bench/probes/cube_tma.py, on the GPU, the tiles). The blocks after the cubes (the grid's last partial slabs: 11% of the tokens at 480p, 7% at 720p) keep copies
 that the statistics kernel writes as it reads them (block_stats gather_from), and their output rows go through the
 permutation (tile_ops._store_rows). The pair kernel (fwd_pair.py) picks per tile: `cube` builds have a producer that
 loads block j < n_cube through the view and the others from the copies (pair_sched._produce_cube), the query tile
