@@ -7,16 +7,16 @@ the caller's raster layout [B, L, H * D] is one 5-D TMA box. Seen as [B, 1, T', 
 ((4, 4, 4), (H, W / 4, H / 4, F / 4)) (w fastest; _cube_view, the grid's sizes dynamic), CuTe builds the kernel's
 [64, 128] tile loads and its output store on the caller's tensors with the box (64 columns, 4, 4, 4) and the head,
 cube index and batch folded into the fifth dimension, head first (tests/test_cube_view_coords.py checks the fold's
-coordinates on the CPU; bench/probes/cube_tma.py, on the GPU, the tiles). The blocks after the cubes (the grid's last partial slabs: 11% of the tokens at 480p, 7% at 720p) keep copies
-that the statistics kernel writes as it reads them (block_stats gather_from), and their output rows go through the
-permutation (tile_ops._store_rows). The pair kernel (fwd_pair.py) picks per tile: `cube` builds have a producer that
-loads block j < n_cube through the view and the others from the copies (pair_sched._produce_cube), the query tile
-likewise, and an epilogue that stores a cube by TMA into the caller's output, the others row by row.
+coordinates on the CPU; bench/probes/cube_tma.py, on the GPU, the tiles). The blocks after the cubes (the grid's
+last partial slabs: 11% of the tokens at 480p, 7% at 720p) keep copies that the statistics kernel writes as it reads
+them (block_stats gather_from), and their output rows go through the permutation (tile_ops._store_rows). The pair
+kernel (fwd_pair.py) picks per tile: `cube` builds have a producer that loads block j < n_cube through the view and
+the others from the copies (pair_sched._produce_cube), the query tile likewise, and an epilogue that stores a cube by
+TMA into the caller's output, the others row by row.
 """
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
@@ -26,7 +26,7 @@ import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync
 
 from .fwd_pair import PairFwdSm90
-from .switches import CUBE_VIEW, _env_flag
+from .switches import CUBE_VIEW, Q_RS, _env_flag
 from .tile_ops import BS
 
 
@@ -121,7 +121,7 @@ def usable(q, cfg, perm, n_prefix: int):
 
     if perm is None or n_prefix or cfg.variant not in ("pisa", "pwt") or not enabled():
         return None
-    if not _pair_runs(q.shape[2], cfg.variant) or os.environ.get("PSA_CUTE_QRS", "1").strip() == "0":
+    if not _pair_runs(q.shape[2], cfg.variant) or not _env_flag("PSA_CUTE_QRS", Q_RS):
         return None
     if not fold_exact(q):
         return None

@@ -69,8 +69,8 @@ class PairSchedule:
     def _produce_cube(self, kv_prod, mIdx, mPerm, i_b, i_h, i_q, n_sel, c, n_cube, tma_k, tKg, tKs, tma_v, tVg, tVs,
                       tma_kc, gKct, tma_vc, gVct, sK, sV, hb):
         """The cube build's producer (fwd_cube.py): list c's K / V tiles into ring c, block j < n_cube a cube of the
-        caller's k / v (a 5-D box through the view: _cube_tile), the others from the
-        copies of the remaining blocks."""
+        caller's k / v (a 5-D box through the view: _cube_tile), the others from the copies of the remaining
+        blocks."""
         S = self.kv_stages
         n_h = mIdx.shape[1]
         hb1 = (0, i_b)
@@ -79,16 +79,19 @@ class PairSchedule:
         for kk in cutlass.range(n_sel, unroll=1):
             j = mIdx[i_b, i_h, i_q, kk]
             if j >= 0:
+                tile = (0, 0, 0, 0)  # (its view coordinate once per block, for K and V: one load of mPerm)
+                if j < n_cube:
+                    tile = self._cube_tile(mPerm, i_h, n_h, j)
                 hk = kv_prod.acquire_and_advance()
                 if j < n_cube:
-                    cute.copy(tma_kc, tKcg[(None, self._cube_tile(mPerm, i_h, n_h, j), 0, hb1)], tKcs[(None, c * S + hk.index)],
+                    cute.copy(tma_kc, tKcg[(None, tile, 0, hb1)], tKcs[(None, c * S + hk.index)],
                               tma_bar_ptr=hk.barrier)
                 else:
                     cute.copy(tma_k, tKg[(None, j - n_cube, 0, hb)], tKs[(None, c * S + hk.index)],
                               tma_bar_ptr=hk.barrier)
                 hk = kv_prod.acquire_and_advance()
                 if j < n_cube:
-                    cute.copy(tma_vc, tVcg[(None, 0, self._cube_tile(mPerm, i_h, n_h, j), hb1)], tVcs[(None, c * S + hk.index)],
+                    cute.copy(tma_vc, tVcg[(None, 0, tile, hb1)], tVcs[(None, c * S + hk.index)],
                               tma_bar_ptr=hk.barrier)
                 else:
                     cute.copy(tma_v, tVg[(None, 0, j - n_cube, hb)], tVs[(None, c * S + hk.index)],

@@ -337,8 +337,7 @@ def stats_with_h(q, k, v, pm, strides, g_args, *, n, bs, need_pwt, has_perm, gat
     return st32, lp, hpart
 
 
-def redo_flagged(q, k, v, pm, strides, g_args, st32, lp, hpart, flag, *, n, bs, need_pwt, gathered, gather_q,
-                 goff=0):
+def redo_flagged(q, k, v, pm, strides, g_args, st32, lp, hpart, flag, *, n, bs, need_pwt, gathered, gather_q):
     """stats_with_h's kernel again (same arguments) over the programs whose flag [B, HC, P] (int32) is set, writing
     their blocks' statistics, copies and H partial into st32 / lp / hpart; every other program returns at once. The
     Gluon kernels (stats_gl.py) flag the programs whose sums came out non-finite; this kernel's masked path
@@ -349,7 +348,7 @@ def redo_flagged(q, k, v, pm, strides, g_args, st32, lp, hpart, flag, *, n, bs, 
     stages = loop_stages(gathered, q.device)
     _stats_h_kernel[(p, HC, B)](
         q, k, v, pm, st32, lp, hpart, *g_args[:3], *g_args[:3], *strides, *g_args[3:], HC, T, n, g, p,
-        B * HC * n * D, flag, goff, D=D, BS=bs,
+        B * HC * n * D, flag, 0, D=D, BS=bs,
         NEED_PWT=need_pwt, HAS_PERM=gathered, GATHER=gathered, GATHER_Q=gather_q,
         LOWP=not _INTERPRET, PREC=0 if _INTERPRET else 1, STAGES=stages, TMA_G=0, FIX=1,
         num_warps=STATS_H_WARPS, num_stages=stages)
