@@ -1,8 +1,11 @@
 # H200 device calls, one phase per call, run from the repository root with the cutlass-dsl site and ComfyUI's comfy/
 # files carried in one archive (bench/install_cute_site.sh unpacks it):
 #   carry [".carry/cs1"]    command: bash bench/gpu_round.sh PHASE
+# Session 35 (one call on an H100) ran G34 again (G34_TMA=0): the heads-first view reads the right tiles but the cube
+# path is +6.7% / +2.6% over Morton at 480p / 720p: off. Its mended tests (stats_h in both arms) want a rerun
+# (`run_tests cube` of G34); L on an H200 is next when one comes.
 # Session 34 (one call on an H100) built the copy-free cube path and ran G34: the first view was wrong (its folded TMA
-# coordinate rounded the head: fixed on the CPU after the call, heads first); G34 again is next, then L on an H200.
+# coordinate rounded the head: fixed on the CPU after the call, heads first).
 # Session 33 (an H100) ran G33 (its cube forms ran the shipped build by a probe bug: executor cache) and U33 (the split
 # rings at the per-list loop's size: off again); G33R (the fixed probe, then G33B's TMA check) is pending, and L when an
 # H200 is lent. Session 32 (an H100) ran U32 (the split rings: off), BE (nodes/breakeven_h100_80gb_hbm3.json), BW (32 passed

@@ -7,7 +7,10 @@ H * D] memory; and agree with the Triton backend under the same order to bf16 ro
 and a prefix (text in front) keep the copies. Skipped (one line) without CUDA, an SM90 GPU or nvidia-cutlass-dsl.
 Session 34 (an H100): the first build's view folded the head after the cube index and every view test failed
 (outputs unlike the copies', some non-finite: the head's TMA coordinate was rounded, tests/test_cube_view_coords.py);
-the heads-first view that replaced it has not run on a GPU yet."""
+the heads-first view that replaced it ran in session 35 (an H100): outputs within rel 3e-5 to 2.2e-4 of the copies',
+not bitwise: the copies' arm took the Gluon statistics, the view's stats_h, and those differ in the last bits
+(tests/test_stats_gl_gpu.py, the same call); both arms now take stats_h. Its scratch measured 0.86x q at 8 heads
+(the first bound here, 0.5x q, was a guess; now the issue's 1x q)."""
 import math
 
 import pytest
@@ -25,6 +28,9 @@ pytestmark = pytest.mark.gpu
 def _call(q, k, v, grid, n_prefix, monkeypatch, view, backend="cute", variant="pwt"):
     from kernels import piecewise_sparse_attention as psa
     monkeypatch.setenv("PSA_CUDA_GRAPHS", "0")
+    # the statistics through stats_h in both arms: the Gluon kernel declines gather_from, and its full gather's
+    # statistics are not stats_h's bit for bit (session 35), which would move the routing between the arms
+    monkeypatch.setenv("PSA_STATS_GLUON", "0")
     monkeypatch.setenv("PSA_CUTE_PAIR", "1")
     monkeypatch.setenv("PSA_MORTON_CUBES", "1")
     monkeypatch.setenv("PSA_CUTE_CUBE_VIEW", "1" if view else "0")
@@ -58,8 +64,9 @@ def test_cube_view_equals_the_copies(grid, B, H, node, variant, monkeypatch):
 
 
 def test_cube_path_copies_only_the_rest(monkeypatch):
-    # the statistics write copies of the blocks after the cubes only: 40 of 512 blocks' rows at 480p's grid would be
-    # 11%; here the scratch the call allocates beyond its output stays below half of q's bytes
+    # the statistics write copies of the blocks after the cubes only (480p's grid: 57 of 512 blocks, 11% of the rows);
+    # the scratch the call allocates beyond its output stays within issue 11's 1x q (session 35, an H100: 0.86x q;
+    # today's Morton copies 1.74x q at 40 heads)
     grid, H = (21, 30, 52), 8
     q, k, v = node_layout_qkv(1, math.prod(grid), H, 128, seed=342)
     _call(q, k, v, grid, 0, monkeypatch, view=True)  # compiled, warm
@@ -69,7 +76,7 @@ def test_cube_path_copies_only_the_rest(monkeypatch):
     out = _call(q, k, v, grid, 0, monkeypatch, view=True)
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base - out.numel() * out.element_size()
-    assert extra <= 0.5 * q.numel() * q.element_size(), extra / (q.numel() * q.element_size())
+    assert extra <= 1.0 * q.numel() * q.element_size(), extra / (q.numel() * q.element_size())
 
 
 def test_prefix_keeps_the_copies(monkeypatch):
