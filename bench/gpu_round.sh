@@ -195,7 +195,8 @@ G34)  # session 34 (carry .carry/cs1; ~8 min): the copy-free cube path (kernels/
     done
     decide PSA_MORTON_CUBES "$OUT/cube_ab_PSA_MORTON_CUBES.txt" --rows _cute --max-ratio 0.98 --peak-below 1.0 \
         --tests "$OUT/tests_cube.log"
-    if [ "${G34_TMA:-1}" = 1 ] && [ $SECONDS -lt 440 ]; then log "cube_tma"; timeout 60 python bench/probes/cube_tma.py > "$OUT/cube_tma.txt" 2>&1
+    if [ "${G34_TMA:-1}" = 1 ] && [ $SECONDS -lt 440 ]; then
+        log "cube_tma"; timeout 60 python bench/probes/cube_tma.py > "$OUT/cube_tma.txt" 2>&1
         log "rc=$? $(grep -vE 'Deprecat|^  ' "$OUT/cube_tma.txt" | tr '\n' ' ' | cut -c1-1500)"; fi
     if [ $SECONDS -lt 500 ]; then
         log "cube_quality"

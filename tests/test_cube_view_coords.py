@@ -1,9 +1,9 @@
 """The cube view's folded TMA dimension is exact (kernels/cute/fwd_cube._cube_view): for tiles of several heads,
 cubes and batches of the caller's [B, L, H * D], the coordinate CuTe gives the TMA unit, times the head stride (the
-fold's first mode, its unit), is the element offset of the tile's first row, and the kernel's division-free form of the coordinate
-(pair_sched._cube_tile) gives the same. Session 34's first cube view put the
-cube index first: the head's stride D / 4 s came out as 1 and the GPU run read and wrote the wrong tiles. Runs on the
-CPU (tests/cube_coords_case.py, a subprocess); skipped, with one line, without nvidia-cutlass-dsl."""
+fold's first mode, its unit), is the element offset of the tile's first row, and the kernel's division-free form of
+the coordinate (pair_sched._cube_tile) gives the same. Session 34's first cube view put the cube index first: the
+head's stride D / 4 s came out as 1 and the GPU run read and wrote the wrong tiles. Runs on the CPU
+(tests/cube_coords_case.py, a subprocess); skipped, with one line, without nvidia-cutlass-dsl."""
 import importlib.util
 
 import pytest
