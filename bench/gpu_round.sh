@@ -1,6 +1,7 @@
 # H200 device calls, one phase per call, run from the repository root with the cutlass-dsl site and ComfyUI's comfy/
 # files carried in one archive (bench/install_cute_site.sh unpacks it):
 #   carry [".carry/cs1"]    command: bash bench/gpu_round.sh PHASE
+# Session 36: G36 (the cube path's view for q and the output only; the mended cube tests), then F and L.
 # Session 35 (one call on an H100) ran G34 again (G34_TMA=0): the heads-first view reads the right tiles but the cube
 # path is +6.7% / +2.6% over Morton at 480p / 720p: off. Its mended tests (stats_h in both arms) want a rerun
 # (`run_tests cube` of G34); L on an H200 is next when one comes.
@@ -162,6 +163,31 @@ G33)  # session 33 (carry .carry/cs1; ~6 min): Morton blocks straight from the c
             log "rc=$? $(grep RESULT "$OUT/l2_h${heads}_c$cube.txt" | cut -c1-900)"
         done
     done
+    ;;
+G36)  # session 36 (carry .carry/cs1; ~7 min): the cube path with the view for the query tile and the output only
+    # (PSA_CUTE_CUBE_KV=0, kernels/cute/fwd_cube.py): k and v from block-order copies of every block, as the Morton
+    # path's (the exact loop streams copies faster than the view's 5-D boxes: session 35, +7% with them), q through
+    # the view (one load per query block) and the output by TMA through it: no q copy of the cubes, no scatter pass.
+    # Steps: the cube and tail-copy tests (session 35's mended ones and the qo arms), then switch_ab on
+    # PSA_MORTON_CUBES with PSA_CUTE_CUBE_KV=0 (today's Morton against the qo cube path; wan14_raster, which neither
+    # arm changes, as the noise floor and the raster reference), 5 rounds, as the node calls it.
+    # PREDICTION (written before the run): tests pass (qo bitwise with the copies under stats_h); 480p 7.20 -> 6.95-7.10
+    # ms on the H200 (-1.5 to -3.5%: the q copy 0.09 ms and the scatter 0.16 ms go, the q tile's and the output's
+    # boxes cost little); 720p -0.5 to -1.5%; peak 1.74x -> ~1.3x q at 480p (k, v copies in 2 chunks + the q rest +
+    # the statistics), 720p 0.92x -> ~0.7x.
+    # RULE: PSA_MORTON_CUBES on by default with PSA_CUTE_CUBE_KV off only if every test passes and the qo path's median
+    # is <= 0.98x today's Morton at 480p and <= 1.0x at 720p with its peak below Morton's 1.74x q (quality: session
+    # 35's cube_quality, the order 0.988x Morton's error on DiT-like inputs).
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || log "cutlass-dsl not importable"
+    run_tests cube 240 tests/test_cute_cube_gpu.py tests/test_stats_gl_gpu.py -k "cube or gather_from or morton_gather"
+    grep -B3 -A25 "^E  " "$OUT/tests_cube.log" | head -60 >> "$OUT/round.log"
+    log "switch_ab PSA_MORTON_CUBES, PSA_CUTE_CUBE_KV=0"
+    PSA_CUTE_CUBE_KV=0 PROBE_BACKENDS=cute PROBE_SHAPES=wan14,wan14_720,wan14_raster PROBE_ROUNDS=5 \
+        timeout $((585 - SECONDS)) python bench/probes/switch_ab.py PSA_MORTON_CUBES > "$OUT/cube_qo_ab.txt" 2>&1
+    log "switch_ab rc=$? $(grep -E '^wan14' "$OUT/cube_qo_ab.txt" | grep -oE '"op[01]_(median_ms|peak_extra_x_q)": [0-9.]+|"maxdiff": [0-9.e-]+' | tr '\n' ' ')"
+    decide PSA_MORTON_CUBES "$OUT/cube_qo_ab.txt" --rows wan14_cute --max-ratio 0.98 --peak-below 1.74 \
+        --tests "$OUT/tests_cube.log"
+    decide PSA_MORTON_CUBES "$OUT/cube_qo_ab.txt" --rows wan14_720_cute --max-ratio 1.0 --tests "$OUT/tests_cube.log"
     ;;
 G34)  # session 34 (carry .carry/cs1; ~8 min): the copy-free cube path (kernels/cute/fwd_cube.py), built on the CPU.
     # Run once in session 34 (H100): 13 of 14 tests failed, the view's tiles wrong (the folded TMA coordinate rounded

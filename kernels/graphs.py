@@ -65,7 +65,8 @@ _ENV_IN_KEY = ("PSA_TRITON_SCRATCH", "PSA_MORTON_SCRATCH", "PSA_TRITON_TMA", "PS
                "PSA_CUTE_TREE_MAX", "PSA_CUTE_TREE_SUM", "PSA_CUTE_S_AHEAD",
                "PSA_CUTE_PV_FENCE", "PSA_CUTE_PV_FENCE_VT", "PSA_CUTE_PV_PIN",
                "PSA_CUTE_S_AHEAD_VT", "PSA_CUTE_PAIR_DROP",
-               "PSA_ROUTE_GLUON", "PSA_MORTON_CUBES", "PSA_CUTE_CUBE_VIEW")
+               "PSA_ROUTE_GLUON", "PSA_MORTON_CUBES", "PSA_CUTE_CUBE_VIEW",
+               "PSA_CUTE_CUBE_KV")
 # keys seen once (waiting for their second call) that are remembered
 _MAX_SEEN = 256
 

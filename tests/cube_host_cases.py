@@ -1,8 +1,9 @@
 """The cube path's host side (kernels/cute/fwd_cube.py forward_cubes, usable) on CPU under TRITON_INTERPRET=1, with the
 CuTe kernel replaced by a stand-in that checks what it is handed: the copies of the blocks after the cubes hold the
-cube order's rows (block_stats gather_from), the statistics and lists are those of the whole cube order, and an
+cube order's rows (block_stats gather_from; with PSA_CUTE_CUBE_KV=0 k and v copied whole), the statistics and lists are those of the whole cube order, and an
 output written in block order through the permutation lands in the caller's order. Prints one JSON line; run by
 tests/test_cube_host_interpret.py in a subprocess (TRITON_INTERPRET before Triton, cutlass-dsl importable)."""
+import itertools
 import json
 import os
 import sys
@@ -27,7 +28,10 @@ def _():
     out = {}
     os.environ["PSA_MORTON_CUBES"] = "1"
     os.environ["PSA_CUTE_PAIR"] = "1"  # (the pair kernel below its 72 blocks: these grids are tiny)
-    for grid, B, H in (((5, 9, 13), 1, 2), ((4, 8, 8), 2, 1)):  # a rest of 201 rows; every block a cube
+    for (grid, B, H), kv in itertools.product((((5, 9, 13), 1, 2), ((4, 8, 8), 2, 1)), (True, False)):
+        # a rest of 201 rows; every block a cube. kv: k and v through the view too (PSA_CUTE_CUBE_KV), else
+        # copies of every block
+        os.environ["PSA_CUTE_CUBE_KV"] = "1" if kv else "0"
         T = grid[0] * grid[1] * grid[2]
         x = [rnd(B, T, H, 128, seed=s, dtype=torch.bfloat16).transpose(1, 2) for s in range(3)]  # [B, L, H * D]
         cfg = cfg_of(128, 0.3, "pwt")
@@ -37,12 +41,12 @@ def _():
         seen = {}
 
         def stand_in(qr, kr, vr, o, st, idx, vbias, cfg_, perm=None, cube=None):
-            qc, kc, vc, g, n_cube = cube
+            qc, kc, vc, g, n_cube, kv_ = cube
             goff, p = n_cube * 64, perm.long()
-            ok = True
-            for r, c in zip((qr, kr, vr), (qc, kc, vc)):
+            ok = kv_ == kv
+            for r, c, off in zip((qr, kr, vr), (qc, kc, vc), (goff, goff if kv else 0, goff if kv else 0)):
                 want = c[:, :, p]
-                ok &= r.shape[2] == (T - goff or 64) and (goff == T or torch.equal(r, want[:, :, goff:]))
+                ok &= r.shape[2] == (T - off or 64) and (off == T or torch.equal(r, want[:, :, off:]))
             ref = kts.block_stats(*(c[:, :, p].contiguous() for c in (qc, kc, vc)), cfg_)
             idx_ref, _ = kts.route(ref, cfg_, qc.dtype)
             seen.setdefault("copies_right", []).append(bool(ok))
@@ -53,7 +57,8 @@ def _():
             return o
 
         y = fwd_cube.forward_cubes(*x, cfg, fperm, *lay, stand_in)
-        out[str(grid)] = {"layout": list(lay[0]) + [lay[1]], "output_is_q": bool(torch.equal(y, x[0])), **seen}
+        out[f"{grid} kv={kv}"] = {"layout": list(lay[0]) + [lay[1]], "output_is_q": bool(torch.equal(y, x[0])), **seen}
+    os.environ.pop("PSA_CUTE_CUBE_KV")
     return out
 
 

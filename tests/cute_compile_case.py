@@ -163,13 +163,17 @@ from kernels.cute import fwd_cube as FC  # noqa: E402
 CUBE = "pisa/pwt pair recip tma_store pv_fence s_ahead_vt cube"
 builds.append((CUBE, lambda: FC.CubePairFwdSm90(4, 4, D, "", True, pv_fence=True, s_ahead_vt=True, tma_store=True,
                                                 cube=True), vb, 168))
+# the same with the view for the query tile and the output only, k and v from copies of every block (session 36)
+CUBE_QO = CUBE + " qo"
+builds.append((CUBE_QO, lambda: FC.CubePairFwdSm90(4, 4, D, "", True, pv_fence=True, s_ahead_vt=True,
+                                                   tma_store=True, cube=True, cube_kv=False), vb, 168))
 ONLY = os.environ.get("PSA_COMPILE_ONLY")  # (by hand: the builds whose name holds this string)
 for name, make, vbias, reg_bound in builds:
     if ONLY and ONLY not in name:
         continue
     for f in os.listdir(dump):
         os.remove(os.path.join(dump, f))
-    args, scal = kernel_args(F, vbias, cube=name == CUBE)
+    args, scal = kernel_args(F, vbias, cube=name in (CUBE, CUBE_QO))
     t0 = time.perf_counter()
     kern = make()
     fn = F.cute.compile(kern, *args, *scal, cuda.CUstream(0))

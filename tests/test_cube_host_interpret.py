@@ -23,7 +23,9 @@ def get(res, name):
 
 def test_forward_cubes_hands_the_kernel_its_blocks(res):
     r = get(res, "forward_cubes_hands_the_kernel_its_blocks")
-    assert r["(5, 9, 13)"]["layout"] == [5, 9, 13, 6] and r["(4, 8, 8)"]["layout"] == [4, 8, 8, 4]
+    assert len(r) == 4, r  # two grids, k and v through the view or copied whole (PSA_CUTE_CUBE_KV)
+    for kv in (True, False):
+        assert r[f"(5, 9, 13) kv={kv}"]["layout"] == [5, 9, 13, 6] and r[f"(4, 8, 8) kv={kv}"]["layout"] == [4, 8, 8, 4]
     for g, d in r.items():
         assert d["output_is_q"] and all(d["copies_right"]) and all(d["stats_equal"]) and all(d["lists_equal"]), (g, d)
 

@@ -22,7 +22,8 @@ FAMILIES = ["drop", "pisa/pwt", "drop q_rs", "pisa/pwt q_rs", "pisa/pwt q_rs bia
             "pisa/pwt pair recip tma_store pv_fence s_ahead_vt", "pisa/pwt q_rs pv_fence tma_store",
             "drop q_rs pv_fence tma_store", "pisa/pwt pair recip tma_store pv_fence s_ahead_vt bias_slack",
             "pisa/pwt pair recip share tma_store pv_fence s_ahead_vt",
-            "pisa/pwt pair recip tma_store pv_fence s_ahead_vt cube"]
+            "pisa/pwt pair recip tma_store pv_fence s_ahead_vt cube",
+            "pisa/pwt pair recip tma_store pv_fence s_ahead_vt cube qo"]
 # builds with tile_ops._pv_wait's fence (PV_FENCE, shipped since session 19; PV_PIN; S_AHEAD's loop always pins it)
 FENCED = [f for f in FAMILIES if "pv_fence" in f or "pv_pin" in f]
 

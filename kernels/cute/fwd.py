@@ -413,7 +413,7 @@ _compiled: dict = {}
 # the cache key's fields in order (tests and probes read a build's switches by name: compiled_builds())
 KEY_FIELDS = ("approx", "stages", "dtype", "D", "q_rs", "bias_l2", "bias_pf", "out_perm", "vt_stages", "probe",
               "recip", "share", "q_perm", "vt_peel", "pingpong", "tree_max", "tree_sum", "s_ahead", "pv_fence",
-              "pv_fence_vt", "pv_pin", "s_ahead_vt", "tma_store", "bias_slack", "cube")
+              "pv_fence_vt", "pv_pin", "s_ahead_vt", "tma_store", "bias_slack", "cube", "cube_kv")
 _compile_seconds: dict = {}
 _lock = threading.Lock()
 _executors: dict = {}  # (compile key, device index) -> fn.to(device): one compile, one binding per GPU
@@ -499,8 +499,10 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
     order: kernels.reorder.full_order) only moves the output rows (q, k, v are read in block order): row t of
     the result lands in row perm[t] of `out`; with q_perm (and perm) query row t is read from row perm[t] of q
     too (the caller's order: no block-order copy of q; k and v stay block-order copies). cube (fwd_cube.attention:
-    the cube order's interior read in place) = (qc, kc, vc, grid, n_cube): blocks below n_cube come from the caller's
-    qc, kc, vc through the cube view, q, k, v hold the blocks from n_cube on, out is the caller's layout."""
+    the cube order's interior read in place) = (qc, kc, vc, grid, n_cube, kv_view): query blocks below n_cube come
+    from the caller's qc through the cube view and their output goes to out (the caller's layout) the same way, q
+    holds the blocks from n_cube on; with kv_view k and v likewise (kc, vc through the view, k and v the rest), else
+    k and v are block-order copies of every block."""
     B, HC, T, D = (out if cube else q).shape
     n = -(-T // BS)
     approx = cfg.variant in ("pisa", "pwt")
@@ -570,7 +572,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
     bias_slack = pair and approx and _env_flag("PSA_CUTE_BIAS_SLACK", BIAS_SLACK) and _has_slack(vb)
     key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm, vt_stages, probe, recip, share,
            bool(q_perm), vt_peel, pingpong, tree_max, tree_sum, s_ahead, pv_fence, pv_fence_vt, pv_pin, s_ahead_vt,
-           tma_store, bias_slack, bool(cube))
+           tma_store, bias_slack, bool(cube), bool(cube) and bool(cube[5]))
     assert len(key) == len(KEY_FIELDS)
     args = [_cute(x) for x in (q, k, v, out, kb, vm, hb)]
     args += [from_dlpack(vb.detach(), assumed_align=vb.element_size()).mark_layout_dynamic(leading_dim=3),
@@ -597,7 +599,8 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
                     kern = cls(stages, vt_stages, D, probe, recip, share, bool(q_perm), vt_peel, pingpong,
                                tree_max=tree_max, tree_sum=tree_sum, s_ahead=s_ahead, pv_fence=pv_fence,
                                pv_fence_vt=pv_fence_vt, pv_pin=pv_pin, s_ahead_vt=s_ahead_vt, out_perm=out_perm,
-                               tma_store=tma_store, bias_slack=bias_slack, cube=bool(cube))
+                               tma_store=tma_store, bias_slack=bias_slack, cube=bool(cube),
+                               cube_kv=key[-1])
                 else:
                     kern = PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2, bias_pf, out_perm, bool(q_perm),
                                                   tree_max=tree_max, tree_sum=tree_sum, pv_fence=pv_fence,

@@ -12,7 +12,10 @@ last partial slabs: 11% of the tokens at 480p, 7% at 720p) keep copies that the 
 them (block_stats gather_from), and their output rows go through the permutation (tile_ops._store_rows). The pair
 kernel (fwd_pair.py) picks per tile: `cube` builds have a producer that loads block j < n_cube through the view and
 the others from the copies (pair_sched._produce_cube), the query tile likewise, and an epilogue that stores a cube by
-TMA into the caller's output, the others row by row.
+TMA into the caller's output, the others row by row. Session 35 measured that 7% slower than the copies at 480p (an
+H100): the exact loop's K / V stream is slower through 16 runs of 4 rows a tile. So PSA_CUTE_CUBE_KV=0 (session 36)
+takes the view for the query tile and the output only (one load and one store per query block), and k and v from
+block-order copies of every block as the Morton path has them: no q copy of the cubes and no scatter pass.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync
 
 from .fwd_pair import PairFwdSm90
-from .switches import CUBE_VIEW, Q_RS, _env_flag
+from .switches import CUBE_KV, CUBE_VIEW, Q_RS, _env_flag
 from .tile_ops import BS
 
 
@@ -79,36 +82,59 @@ def enabled() -> bool:
     return _env_flag("PSA_CUTE_CUBE_VIEW", CUBE_VIEW)
 
 
+def kv_view() -> bool:
+    """PSA_CUTE_CUBE_KV (CUBE_KV): k and v through the view as well (else only the query tile and the output; k and
+    v as block-order copies of every block)."""
+    return _env_flag("PSA_CUTE_CUBE_KV", CUBE_KV)
+
+
 def forward_cubes(q, k, v, cfg, fperm, grid, n_cube: int, attention, out_bthd: bool = False):
     """Statistics, routing and the cube build's attention for q, k, v [B, H, T, D] in the caller's raster order of
-    `grid` (no prefix), fperm the cube order (int32 [T], kernels.reorder.full_order), n_cube its whole-cube blocks.
-    The statistics read every row through fperm and copy the rows from n_cube * 64 on (q, k and v: the rest's
-    copies, [3, B, hc, T - n_cube * 64, D], the only scratch beside the statistics); attention(q_rest, k_rest,
-    v_rest, out, st, idx, vbias, cfg, perm=fperm, cube=(q, k, v, grid, n_cube)) per head chunk."""
+    `grid` (no prefix), fperm the cube order (int32 [T], kernels.reorder.full_order), n_cube its whole-cube blocks;
+    attention(q_rest, k_copy, v_copy, out, st, idx, vbias, cfg, perm=fperm, cube=(q, k, v, grid, n_cube, kv)) per
+    head chunk. The statistics read every row through fperm. With kv_view() (kv) they copy the rows from n_cube * 64
+    on of q, k and v ([3, B, hc, T - n_cube * 64, D], the only scratch beside the statistics); else they copy every
+    row of k and v (the Morton path's copies, under its budget: kernels.triton._copy_heads) and q's rows from
+    n_cube * 64 on are one index_select into a buffer of their own (480p: 11% of q's rows)."""
     from .. import triton as _kt
     from ..dispatch import log_once
     from ..triton import stats as _stats
 
+    kv = kv_view()
     log_once("cute:cube_view", "piecewise_sparse_attention: PSA_MORTON_CUBES: the CuTe cube build reads the cube "
              "order's interior in place (experimental and off: session 35 on an H100 measured it 6.7% slower than "
-             "the copies at Wan 480p; PSA_CUTE_CUBE_VIEW=0 keeps the copies)", level=logging.WARNING)
+             "the copies at Wan 480p with k and v through the view; PSA_CUTE_CUBE_VIEW=0 keeps the copies; k and v "
+             f"now {'through the view' if kv else 'from copies'}, PSA_CUTE_CUBE_KV)", level=logging.WARNING)
 
     B, H, T, D = q.shape
     goff = n_cube * BS
     t_rest = T - goff
     out = _kt._output_like(q, out_bthd)
     hc, score_bytes = _kt._chunking(q, cfg, None, None)
-    rest = torch.empty((3, B, hc, max(t_rest, BS), D), device=q.device, dtype=q.dtype)
+    if not kv:  # two copies of every row: the Morton path's budget for them
+        hc = _kt._even_chunks(H, min(hc, _kt._copy_heads(q, 2)))
+        kvg = torch.empty((2, B, hc, T, D), device=q.device, dtype=q.dtype)
+        rows = fperm[goff:].long()
+    else:
+        rest = torch.empty((3, B, hc, max(t_rest, BS), D), device=q.device, dtype=q.dtype)
     for h0 in range(0, H, hc):
         h1 = min(H, h0 + hc)
         qs, ks, vs = q[:, h0:h1], k[:, h0:h1], v[:, h0:h1]
-        r = [rest[i, :, :h1 - h0, :t_rest or BS] for i in range(3)]
-        if t_rest:
-            st = _stats.block_stats(qs, ks, vs, cfg, perm=fperm, gathered=tuple(r), gather_from=goff)
-        else:  # every block a cube: nothing copied (the kernel gets the rest's buffer, never read)
-            st = _stats.block_stats(qs, ks, vs, cfg, perm=fperm)
+        if not kv:
+            # the query rows after the cubes, in block order (a buffer per chunk: index_select's out contiguous)
+            qr = torch.empty((B, h1 - h0, max(t_rest, BS), D), device=q.device, dtype=q.dtype)
+            if t_rest:
+                torch.index_select(qs, 2, rows, out=qr)
+            r = [qr, kvg[0, :, :h1 - h0], kvg[1, :, :h1 - h0]]
+            st = _stats.block_stats(qs, ks, vs, cfg, perm=fperm, gathered=(None, r[1], r[2]))
+        else:
+            r = [rest[i, :, :h1 - h0, :t_rest or BS] for i in range(3)]
+            if t_rest:
+                st = _stats.block_stats(qs, ks, vs, cfg, perm=fperm, gathered=tuple(r), gather_from=goff)
+            else:  # every block a cube: nothing copied (the kernel gets the rest's buffer, never read)
+                st = _stats.block_stats(qs, ks, vs, cfg, perm=fperm)
         idx, vbias = _stats.route(st, cfg, q.dtype, score_bytes=score_bytes)
-        attention(*r, out[:, h0:h1], st, idx, vbias, cfg, perm=fperm, cube=(qs, ks, vs, grid, n_cube))
+        attention(*r, out[:, h0:h1], st, idx, vbias, cfg, perm=fperm, cube=(qs, ks, vs, grid, n_cube, kv))
         del st, idx, vbias
     return out
 

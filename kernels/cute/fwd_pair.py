@@ -67,7 +67,8 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                  recip_store: bool = False, share: bool = False, q_perm: bool = False, vt_peel: bool = False,
                  pingpong: bool = False, tree_max: bool = False, tree_sum: bool = False, s_ahead: bool = False,
                  pv_fence: bool = False, pv_fence_vt: bool = False, pv_pin: bool = False, s_ahead_vt: bool = False,
-                 out_perm: bool = False, tma_store: bool = False, bias_slack: bool = False, cube: bool = False):
+                 out_perm: bool = False, tma_store: bool = False, bias_slack: bool = False, cube: bool = False,
+                 cube_kv: bool = True):
         # q_perm (Morton): query row t read from row mPerm[t] of the caller's q into the consumer's registers, the
         # output written through mPerm (fwd.py's q_perm); out_perm alone: only the output rows (fwd.PAIR_OUT_PERM)
         super().__init__(True, kv_stages, head_dim, q_rs=True, out_perm=q_perm or out_perm, q_perm=q_perm,
@@ -78,8 +79,11 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
         # through a permutation keep the per-element stores
         self.tma_store = tma_store and not (q_perm or out_perm)
         # the cube order's interior read and written in the caller's layout (fwd_cube.py: 5-D TMA boxes; the kernel's
-        # q, k, v then hold the rest of the blocks, its output is the caller's)
+        # q then holds the rest of the blocks, its output is the caller's)
         self.cube = cube
+        # k and v through the view too, their copies the rest of the blocks (else block-order copies of every block,
+        # indexed by the block itself: the view only for the query tile and the output, fwd_cube.kv_view)
+        self.cube_kv = cube and cube_kv
         assert not cube or (self.tma_store and not share), "cube: the TMA store, per-list rings"
         self.vt_stages = vt_stages
         # the virtual tiles' bias loads without clamping the column to the row (fwd.BIAS_SLACK: the bias tensor has
@@ -321,7 +325,7 @@ class PairFwdSm90(PairSchedule, PiecewiseSparseFwdSm90):
                     if cutlass.const_expr(self.share):  # shared blocks of rank parity c, then list c's own
                         n_c, _ = self._list_scan(mIdx, i_b, i_h, i_q, n_sel, n_kv, BS)
                         self._produce_rings(kv_prod, sL, c, n_c, tma_k, tKg, tKs, tma_v, tVg, tVs, hb)
-                    elif cutlass.const_expr(self.cube):
+                    elif cutlass.const_expr(self.cube_kv):
                         self._produce_cube(kv_prod, mIdx, mPerm, i_b, i_h, i_q, n_sel, c, n_cube, tma_k, tKg, tKs,
                                            tma_v, tVg, tVs, tma_kc, gKct, tma_vc, gVct, sK, sV, hb)
                     else:

@@ -243,6 +243,13 @@ BIAS_SLACK = False
 # outputs within rel 2.2e-4 of the copies' (their statistics took another kernel), 480p 7.41 -> 7.96 ms against the
 # same order's copies (+7%), 720p 38.24 -> 38.28; PSA_MORTON_CUBES stays off, so this only acts under it
 CUBE_VIEW = True
+# PSA_CUTE_CUBE_KV (session 36): with the view on, k and v through it too (session 35's build, above), else only the
+# query tile and the output (fwd_cube.py): k and v keep block-order copies of every block, as the Morton path's, since
+# the exact loop streams them from copies faster than through the view's 5-D boxes (session 35: +7% with the boxes),
+# while q is one load per query block and the output one store, so their boxes cost little there, and the q copy
+# (0.09 ms of the statistics' 0.58 at 480p, H200 B39) and the output's scatter pass (0.16 ms, A36) go. Off: the
+# query and output only, until the H200 says otherwise
+CUBE_KV = False
 
 
 # ---------------------------------------------------------------------------------------------- read per call
