@@ -122,7 +122,7 @@ def forward_cubes(q, k, v, cfg, fperm, grid, n_cube: int, attention, out_bthd: b
         qs, ks, vs = q[:, h0:h1], k[:, h0:h1], v[:, h0:h1]
         if not kv:
             # the query rows after the cubes, in block order (a buffer per chunk: index_select's out contiguous)
-            qr = torch.empty((B, h1 - h0, max(t_rest, BS), D), device=q.device, dtype=q.dtype)
+            qr = torch.empty((B, h1 - h0, t_rest or BS, D), device=q.device, dtype=q.dtype)
             if t_rest:
                 torch.index_select(qs, 2, rows, out=qr)
             r = [qr, kvg[0, :, :h1 - h0], kvg[1, :, :h1 - h0]]
