@@ -179,11 +179,13 @@ G36)  # session 36 (carry .carry/cs1; ~7 min): the cube path with the view for t
     # is <= 0.98x today's Morton at 480p and <= 1.0x at 720p with its peak below Morton's 1.74x q (quality: session
     # 35's cube_quality, the order 0.988x Morton's error on DiT-like inputs).
     python -c "import cutlass.cute" 2>> "$OUT/round.log" || log "cutlass-dsl not importable"
-    run_tests cube 240 tests/test_cute_cube_gpu.py tests/test_stats_gl_gpu.py -k "cube or gather_from or morton_gather"
+    # G36_K / G36_SHAPES / G36_ROUNDS / G36_END: a short call's subset (session 36: the budget's last 300 s)
+    run_tests cube ${G36_TESTS_S:-240} tests/test_cute_cube_gpu.py tests/test_stats_gl_gpu.py \
+        -k "${G36_K:-cube or gather_from or morton_gather}"
     grep -B3 -A25 "^E  " "$OUT/tests_cube.log" | head -60 >> "$OUT/round.log"
     log "switch_ab PSA_MORTON_CUBES, PSA_CUTE_CUBE_KV=0"
-    PSA_CUTE_CUBE_KV=0 PROBE_BACKENDS=cute PROBE_SHAPES=wan14,wan14_720,wan14_raster PROBE_ROUNDS=${G36_ROUNDS:-5} \
-        timeout $((585 - SECONDS)) python bench/probes/switch_ab.py PSA_MORTON_CUBES > "$OUT/cube_qo_ab.txt" 2>&1
+    PSA_CUTE_CUBE_KV=0 PROBE_BACKENDS=cute PROBE_SHAPES=${G36_SHAPES:-wan14,wan14_720,wan14_raster} \
+        PROBE_ROUNDS=${G36_ROUNDS:-5} timeout $((${G36_END:-585} - SECONDS)) python bench/probes/switch_ab.py PSA_MORTON_CUBES > "$OUT/cube_qo_ab.txt" 2>&1
     log "switch_ab rc=$? $(grep -E '^wan14' "$OUT/cube_qo_ab.txt" | grep -oE '"op[01]_(median_ms|peak_extra_x_q)": [0-9.]+|"maxdiff": [0-9.e-]+' | tr '\n' ' ')"
     decide PSA_MORTON_CUBES "$OUT/cube_qo_ab.txt" --rows wan14_cute --max-ratio 0.98 --peak-below 1.74 \
         --tests "$OUT/tests_cube.log"
