@@ -185,7 +185,8 @@ G36)  # session 36 (carry .carry/cs1; ~7 min): the cube path with the view for t
     grep -B3 -A25 "^E  " "$OUT/tests_cube.log" | head -60 >> "$OUT/round.log"
     log "switch_ab PSA_MORTON_CUBES, PSA_CUTE_CUBE_KV=0"
     PSA_CUTE_CUBE_KV=0 PROBE_BACKENDS=cute PROBE_SHAPES=${G36_SHAPES:-wan14,wan14_720,wan14_raster} \
-        PROBE_ROUNDS=${G36_ROUNDS:-5} timeout $((${G36_END:-585} - SECONDS)) python bench/probes/switch_ab.py PSA_MORTON_CUBES > "$OUT/cube_qo_ab.txt" 2>&1
+        PROBE_ROUNDS=${G36_ROUNDS:-5} timeout $((${G36_END:-585} - SECONDS)) \
+        python bench/probes/switch_ab.py PSA_MORTON_CUBES > "$OUT/cube_qo_ab.txt" 2>&1
     log "switch_ab rc=$? $(grep -E '^wan14' "$OUT/cube_qo_ab.txt" | grep -oE '"op[01]_(median_ms|peak_extra_x_q)": [0-9.]+|"maxdiff": [0-9.e-]+' | tr '\n' ' ')"
     decide PSA_MORTON_CUBES "$OUT/cube_qo_ab.txt" --rows wan14_cute --max-ratio 0.98 --peak-below 1.74 \
         --tests "$OUT/tests_cube.log"
