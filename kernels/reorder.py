@@ -23,8 +23,9 @@ def _check_grid(grid) -> tuple[int, ...]:
 
 
 # PSA_MORTON_CUBES (off: session 35 on an H100, the cube path 6.7% / 2.6% slower than Morton at 480p / 720p as the node
-# calls it, at 0.81x q of peak against 1.74x; bench/results/pieces_h200.md, Session 35): a 3-D grid's "morton" order becomes the cube order (cube_split),
-# the same for every backend; the CuTe pair kernel then reads the interior cubes straight from the caller's layout
+# calls it, at 0.81x q of peak against 1.74x; bench/results/pieces_h200.md, Session 35): a 3-D grid's "morton" order
+# becomes the cube order (cube_split), the same for every backend; the CuTe pair kernel then reads the interior cubes
+# straight from the caller's layout
 MORTON_CUBES = False
 
 

@@ -1,8 +1,9 @@
 """The cube path's host side (kernels/cute/fwd_cube.py forward_cubes, usable) on CPU under TRITON_INTERPRET=1, with the
 CuTe kernel replaced by a stand-in that checks what it is handed: the copies of the blocks after the cubes hold the
-cube order's rows (block_stats gather_from; with PSA_CUTE_CUBE_KV=0 k and v copied whole), the statistics and lists are those of the whole cube order, and an
-output written in block order through the permutation lands in the caller's order. Prints one JSON line; run by
-tests/test_cube_host_interpret.py in a subprocess (TRITON_INTERPRET before Triton, cutlass-dsl importable)."""
+cube order's rows (block_stats gather_from; with PSA_CUTE_CUBE_KV=0 k and v copied whole), the statistics and lists
+are those of the whole cube order, and an output written in block order through the permutation lands in the caller's
+order. Prints one JSON line; run by tests/test_cube_host_interpret.py in a subprocess (TRITON_INTERPRET before Triton,
+cutlass-dsl importable)."""
 import itertools
 import json
 import os

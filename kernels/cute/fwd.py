@@ -570,9 +570,10 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
     if cube and not (pair and approx):
         raise ValueError("cute backend: the cube build is the pair kernel's (pisa / pwt)")
     bias_slack = pair and approx and _env_flag("PSA_CUTE_BIAS_SLACK", BIAS_SLACK) and _has_slack(vb)
+    cube_kv = bool(cube) and bool(cube[5])  # k and v through the cube view too (fwd_cube.kv_view)
     key = (approx, stages, str(q.dtype), D, q_rs, bias_l2, bias_pf, out_perm, vt_stages, probe, recip, share,
            bool(q_perm), vt_peel, pingpong, tree_max, tree_sum, s_ahead, pv_fence, pv_fence_vt, pv_pin, s_ahead_vt,
-           tma_store, bias_slack, bool(cube), bool(cube) and bool(cube[5]))
+           tma_store, bias_slack, bool(cube), cube_kv)
     assert len(key) == len(KEY_FIELDS)
     args = [_cute(x) for x in (q, k, v, out, kb, vm, hb)]
     args += [from_dlpack(vb.detach(), assumed_align=vb.element_size()).mark_layout_dynamic(leading_dim=3),
@@ -600,7 +601,7 @@ def attention(q, k, v, out, st, idx, vbias, cfg, *, kv_stages: int | None = None
                                tree_max=tree_max, tree_sum=tree_sum, s_ahead=s_ahead, pv_fence=pv_fence,
                                pv_fence_vt=pv_fence_vt, pv_pin=pv_pin, s_ahead_vt=s_ahead_vt, out_perm=out_perm,
                                tma_store=tma_store, bias_slack=bias_slack, cube=bool(cube),
-                               cube_kv=key[-1])
+                               cube_kv=cube_kv)
                 else:
                     kern = PiecewiseSparseFwdSm90(approx, stages, D, q_rs, bias_l2, bias_pf, out_perm, bool(q_perm),
                                                   tree_max=tree_max, tree_sum=tree_sum, pv_fence=pv_fence,

@@ -114,7 +114,7 @@ def forward_cubes(q, k, v, cfg, fperm, grid, n_cube: int, attention, out_bthd: b
     if not kv:  # two copies of every row: the Morton path's budget for them
         hc = _kt._even_chunks(H, min(hc, _kt._copy_heads(q, 2)))
         kvg = torch.empty((2, B, hc, T, D), device=q.device, dtype=q.dtype)
-        rows = fperm[goff:].long()
+        rows = fperm[goff:]  # (index_select takes the int32 order as it is)
     else:
         rest = torch.empty((3, B, hc, max(t_rest, BS), D), device=q.device, dtype=q.dtype)
     for h0 in range(0, H, hc):
