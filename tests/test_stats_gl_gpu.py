@@ -156,8 +156,9 @@ def test_gather_from_copies_only_the_tail(grid, prefix, copy_q, monkeypatch):
     """block_stats(gather_from=...) (the cube order: interior cubes read in place): only stats_h's per-thread stores
     take it (the Gluon kernel and the TMA copies decline it), so under every switch it copies only the block-order
     rows from gather_from on, into copies that short, and gives, bit for bit, the statistics of the same kernel's full
-    gather; a full gather through the Gluon kernel or the TMA copies within the Morton test's bound above of them
-    (session 35, an H100: the Gluon arm's kbar is not stats_h's bit for bit)."""
+    gather; a full gather through the Gluon kernel or the TMA copies within bf16 rounding of them, hpart within its
+    float32 sums' rounding at its own scale (session 35, an H100: the Gluon arm's kbar is not stats_h's bit for
+    bit)."""
     from kernels.reorder import full_order, orders_on
     from kernels.triton import stats as kts
     B, H, D = 1, 4, 128
@@ -187,5 +188,9 @@ def test_gather_from_copies_only_the_tail(grid, prefix, copy_q, monkeypatch):
             x, y, z = getattr(same, n), getattr(b, n), getattr(a, n)
             if x is not None:
                 assert torch.equal(x, y), (gluon, tma, n)
-                d = (z.float() - y.float()).abs()
-                assert (d <= torch.finfo(q.dtype).eps * y.float().abs() + 1e-6).all(), (gluon, tma, n)
+                # hpart's float32 sums over a block may cancel to near zero: their rounding is relative to the
+                # tensor's scale (64 float32 roundings of its largest term), not the element's (session 37, an H100:
+                # the Gluon arm 7.6e-6 off where |hpart| is ~1e-3, its largest ~35)
+                d, y = (z.float() - y.float()).abs(), y.float()
+                tol = torch.finfo(q.dtype).eps * y.abs() + 2.0 ** -18 * y.abs().max() + 1e-6
+                assert (d <= tol).all(), (gluon, tma, n, (d - tol).max().item())

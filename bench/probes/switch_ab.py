@@ -41,6 +41,12 @@ ROUNDS = int(os.environ.get("PROBE_ROUNDS", "3"))
 # whole call without the host's; session 22: the Morton call's eager rounds spread by ~8% at 480p)
 REPLAY = os.environ.get("PROBE_REPLAY", "0") == "1"
 BACKENDS = os.environ.get("PROBE_BACKENDS", "cute,triton").split(",")
+# PROBE_PROFILE=1: each eager arm's kernels of one call too (`op*_kernels`: [name, device ms, launches], torch.profiler;
+# session 37: which kernel the cube path's time went to)
+PROFILE = os.environ.get("PROBE_PROFILE", "0") == "1"
+if PROFILE:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from pieces import kernel_table  # noqa: E402
 # (name, grid, heads, text tokens first, density, sink blocks, node layout, graphs)
 SHAPES = [("wan14", (21, 30, 52), 40, 0, 0.125, 0, True, False),
           ("wan14_raster", (21, 30, 52), 40, 0, 0.125, 0, False, False),
@@ -142,6 +148,10 @@ for name, grid, H, npre, density, sinks, node, use_graphs in SHAPES:
                             d[f"op{op}_replay_error"] = f"{type(e).__name__}: {str(e)[:200]}"
                         torch.cuda.empty_cache()
             d["maxdiff"] = float((outs["0"].float() - outs["1"].float()).abs().max())
+            if PROFILE and not use_graphs:  # where an arm's time goes: one call's kernels (bench/pieces.py's table)
+                for op in ("0", "1"):
+                    os.environ[ENV] = op
+                    d[f"op{op}_kernels"] = [[n, round(ms, 4), c] for n, ms, c in kernel_table(call, top=10)]
             for op in ("0", "1"):
                 d[f"op{op}_median_ms"] = statistics.median(
                     d[f"op{op}_r{r}_ms"] for r in range(ROUNDS))
