@@ -165,6 +165,27 @@ G33)  # session 33 (carry .carry/cs1; ~6 min): Morton blocks straight from the c
         done
     done
     ;;
+G37)  # session 37 (carry .carry/cs1; ~3 min): after G36 (the qo cube path +5.4% / +4.8% at 480p / 720p on an H100,
+    # three tests failing on their bounds): the mended tests, then where the qo path's time goes, kernel by kernel
+    # (switch_ab PROBE_PROFILE=1 at 480p as the node calls it, one round).
+    # PREDICTION (written before the run): tests pass; the cube build's pair kernel ~0.4-0.6 ms slower than Morton's
+    # (its loss in what both cube builds share: the full view lost as much, session 35), the statistics and copies
+    # ~0.2 ms faster (no q gather, no scatter). A diagnostic: no default moves.
+    python -c "import cutlass.cute" 2>> "$OUT/round.log" || log "cutlass-dsl not importable"
+    run_tests cube ${G37_TESTS_S:-120} tests/test_cute_cube_gpu.py tests/test_stats_gl_gpu.py \
+        -k "saves or gather_from_copies_only_the_tail"
+    grep -B3 -A25 "^E  " "$OUT/tests_cube.log" | head -40 >> "$OUT/round.log"
+    log "switch_ab PSA_MORTON_CUBES, PSA_CUTE_CUBE_KV=0, PROBE_PROFILE=1"
+    PSA_CUTE_CUBE_KV=0 PROBE_BACKENDS=cute PROBE_SHAPES=wan14 PROBE_ROUNDS=1 PROBE_PROFILE=1 \
+        timeout $((${G37_END:-300} - SECONDS)) python bench/probes/switch_ab.py PSA_MORTON_CUBES > "$OUT/cube_qo_prof.txt" 2>&1
+    log "switch_ab rc=$? $(python -c 'import json, sys
+for l in open(sys.argv[1]):
+    if l.startswith("RESULT"):
+        d = json.loads(l[7:]).get("wan14_cute", {})
+        for op in "01":
+            print(op, d.get(f"op{op}_median_ms"), [(n[:50], ms) for n, ms, c in d.get(f"op{op}_kernels", [])][:7])
+' "$OUT/cube_qo_prof.txt" 2>&1 | tr '\n' ' ' | cut -c1-1500)"
+    ;;
 G36)  # session 36 (carry .carry/cs1; ~7 min): the cube path with the view for the query tile and the output only
     # (PSA_CUTE_CUBE_KV=0, kernels/cute/fwd_cube.py): k and v from block-order copies of every block, as the Morton
     # path's (the exact loop streams copies faster than the view's 5-D boxes: session 35, +7% with them), q through
