@@ -1,8 +1,11 @@
 # H200 device calls, one phase per call, run from the repository root with the cutlass-dsl site and ComfyUI's comfy/
 # files carried in one archive (bench/install_cute_site.sh unpacks it):
 #   carry [".carry/cs1"]    command: bash bench/gpu_round.sh PHASE
+# Session 37 (an H100, after 661 s of refused starts) ran G36 (the qo cube path +5.4% / +4.8% at 480p / 720p: off;
+# three tests failed on their bounds, mended after the call), F (302 passed), L and E; G37 (the mended tests and the qo
+# path's kernels) is next, then L on an H200 when one comes.
 # Session 36 built G36 (the cube path's view for q and the output only; with the mended cube tests) but no machine
-# started: G36 is next (a short call: G36_K, G36_SHAPES, G36_ROUNDS, G36_END), then F and L.
+# started.
 # Session 35 (one call on an H100) ran G34 again (G34_TMA=0): the heads-first view reads the right tiles but the cube
 # path is +6.7% / +2.6% over Morton at 480p / 720p: off. Its mended tests (stats_h in both arms) want a rerun
 # (`run_tests cube` of G34); L on an H200 is next when one comes.

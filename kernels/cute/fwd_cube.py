@@ -102,9 +102,10 @@ def forward_cubes(q, k, v, cfg, fperm, grid, n_cube: int, attention, out_bthd: b
 
     kv = kv_view()
     log_once("cute:cube_view", "piecewise_sparse_attention: PSA_MORTON_CUBES: the CuTe cube build reads the cube "
-             "order's interior in place (experimental and off: session 35 on an H100 measured it 6.7% slower than "
-             "the copies at Wan 480p with k and v through the view; PSA_CUTE_CUBE_VIEW=0 keeps the copies; k and v "
-             f"now {'through the view' if kv else 'from copies'}, PSA_CUTE_CUBE_KV)", level=logging.WARNING)
+             "order's interior in place (experimental and off: on an H100 it ran 6.7% slower than the copies at "
+             "Wan 480p with k and v through the view, session 35, and 5.4% with them from copies, session 37; "
+             "PSA_CUTE_CUBE_VIEW=0 keeps the copies; k and v now "
+             f"{'through the view' if kv else 'from copies'}, PSA_CUTE_CUBE_KV)", level=logging.WARNING)
 
     B, H, T, D = q.shape
     goff = n_cube * BS
