@@ -168,7 +168,7 @@ G33)  # session 33 (carry .carry/cs1; ~6 min): Morton blocks straight from the c
         done
     done
     ;;
-G37)  # session 37 (carry .carry/cs1; ~3 min): after G36 (the qo cube path +5.4% / +4.8% at 480p / 720p on an H100,
+G37)  # session 37 (carry .carry/cs1; ~8 min): after G36 (the qo cube path +5.4% / +4.8% at 480p / 720p on an H100,
     # three tests failing on their bounds): the mended tests, then where the qo path's time goes, kernel by kernel
     # (switch_ab PROBE_PROFILE=1 at 480p as the node calls it, one round).
     # PREDICTION (written before the run): tests pass; the cube build's pair kernel ~0.4-0.6 ms slower than Morton's
@@ -180,7 +180,8 @@ G37)  # session 37 (carry .carry/cs1; ~3 min): after G36 (the qo cube path +5.4%
     grep -B3 -A25 "^E  " "$OUT/tests_cube.log" | head -40 >> "$OUT/round.log"
     log "switch_ab PSA_MORTON_CUBES, PSA_CUTE_CUBE_KV=0, PROBE_PROFILE=1"
     PSA_CUTE_CUBE_KV=0 PROBE_BACKENDS=cute PROBE_SHAPES=wan14 PROBE_ROUNDS=1 PROBE_PROFILE=1 \
-        timeout $((${G37_END:-300} - SECONDS)) python bench/probes/switch_ab.py PSA_MORTON_CUBES > "$OUT/cube_qo_prof.txt" 2>&1
+        timeout $((${G37_PROF_END:-300} - SECONDS)) python bench/probes/switch_ab.py PSA_MORTON_CUBES \
+        > "$OUT/cube_qo_prof.txt" 2>&1
     log "switch_ab rc=$? $(python -c 'import json, sys
 for l in open(sys.argv[1]):
     if l.startswith("RESULT"):
@@ -188,6 +189,26 @@ for l in open(sys.argv[1]):
         for op in "01":
             print(op, d.get(f"op{op}_median_ms"), [(n[:50], ms) for n, ms, c in d.get(f"op{op}_kernels", [])][:7])
 ' "$OUT/cube_qo_prof.txt" 2>&1 | tr '\n' ' ' | cut -c1-1500)"
+    # Then Morton's time as the node sees it, against the node's layout unordered (switch_ab's *_none rows, which no
+    # Morton switch changes; H200 run 37: 7.199 vs 7.366 ms at 480p, 34.79 vs 35.01 at 720p, from separate rows), with
+    # the two ways to its memory target at 480p: the rolled chunks (PSA_MORTON_ROLL, 0.86x q, +5.0% over Morton in
+    # session 29) and a smaller copy budget (PSA_MORTON_SCRATCH 1 -> 0.5: 4 head chunks, ~1.0x q; +5% in session 10).
+    # PREDICTION: Morton -3 to +1% against the unordered call at both sizes; each memory arm +3 to +5% over Morton.
+    # RULE: a memory arm becomes the default only if its 480p peak is <= 1.0x q, its median <= 1.03x the unordered
+    # call's at 480p and 720p, and <= 1.02x today's Morton (the DiT step's speed-up is the user's number), with the
+    # forward GPU tests passing under it (F with the switch set, in the next call).
+    for sw in "PSA_MORTON_ROLL 0,1" "PSA_MORTON_SCRATCH 1,0.5"; do
+        set -- $sw
+        [ $SECONDS -gt $((${G37_END:-540} - 60)) ] && { log "no time left for $1"; continue; }
+        log "switch_ab $1 ($2) against the node's layout unordered"
+        PROBE_VALUES=$2 PROBE_BACKENDS=cute PROBE_SHAPES=wan14,wan14_none,wan14_720,wan14_720_none \
+            PROBE_ROUNDS=${G37_ROUNDS:-3} timeout $((${G37_END:-540} - SECONDS)) \
+            python bench/probes/switch_ab.py $1 > "$OUT/morton_$1.txt" 2>&1
+        log "switch_ab rc=$?"
+        decide $1 "$OUT/morton_$1.txt" --rows wan14_cute --peak-below 1.0 --max-ratio 1.02 \
+            --vs-row wan14_none --vs-max 1.03
+        decide $1 "$OUT/morton_$1.txt" --rows wan14_720_cute --max-ratio 1.02 --vs-row wan14_720_none --vs-max 1.03
+    done
     ;;
 G36)  # session 36 (carry .carry/cs1; ~7 min): the cube path with the view for the query tile and the output only
     # (PSA_CUTE_CUBE_KV=0, kernels/cute/fwd_cube.py): k and v from block-order copies of every block, as the Morton

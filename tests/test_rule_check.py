@@ -100,3 +100,22 @@ def test_split_clocks_rows_decide_the_shared_pipeline(tmp_path, capsys, share_pw
 def test_split_clocks_without_twins_is_off(tmp_path, capsys):
     rc.main(["PSA_CUTE_PAIR_SHARE", _clocks(tmp_path, {"novt": 5.2, "pwt": 6.0}), "--clocks", "1.01"])
     assert "DECISION PSA_CUTE_PAIR_SHARE off: no build with a 'share:' twin" in capsys.readouterr().out
+
+
+def test_vs_row_measures_the_switched_arm_against_an_unchanged_row(tmp_path, capsys):
+    # (switch_ab.py's wan14_none: the node's layout unordered, which the Morton switches do not change: the median
+    # of all its rounds is the yardstick of Morton's time as the node sees it)
+    none = _row([7.36, 7.40, 7.30], [7.38, 7.30, 7.50])  # its six rounds' median 7.37
+    ok = {"wan14_cute": _row([7.2] * 3, [7.52] * 3), "wan14_none_cute": none}
+    rc.main(["PSA_MORTON_ROLL", _write(tmp_path, ok), "--rows", "wan14", "--vs-row", "wan14_none", "--vs-max", "1.03"])
+    text = capsys.readouterr().out
+    assert "wan14_cute on: 7.5200 ms against wan14_none 7.3700 (+2.0%)" in text
+    assert "DECISION PSA_MORTON_ROLL on: every rule holds" in text
+    slow = {"wan14_cute": _row([7.2] * 3, [7.62] * 3), "wan14_none_cute": none}
+    rc.main(["PSA_MORTON_ROLL", _write(tmp_path, slow), "--rows", "wan14", "--vs-row", "wan14_none",
+             "--vs-max", "1.03"])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("DECISION PSA_MORTON_ROLL off: ") and "+3.4% over wan14_none (> +3.0%)" in last, last
+    rc.main(["PSA_MORTON_ROLL", _write(tmp_path, {"wan14_cute": _row([7.2] * 3, [7.3] * 3)}), "--rows", "wan14",
+             "--vs-row", "wan14_none"])
+    assert "no reference row holding 'wan14_none'" in capsys.readouterr().out.strip().splitlines()[-1]

@@ -5,10 +5,13 @@ the decision with its reasons. Prints one line per row it read, then `DECISION N
 
     python bench/probes/rule_check.py NAME PROBE_OUTPUT [--tests LOG [--tests-k SUBSTR]] [--rows SUBSTR]
         [--faster-rounds N] [--bitwise] [--novt-not-slower] [--max-ratio R] [--peak-below X] [--clocks R]
+        [--vs-row SUBSTR --vs-max R]
 
 --tests-k: only the failures whose test id holds SUBSTR count against NAME (one log for several switches' tests);
 --rows: the rows whose key holds SUBSTR (default NAME: a vt_peel_kernel.py output may time several switches);
 --clocks R: the output is bench/probes/split_clocks.py's; every "share:" build's median <= R x its twin's (both rounds);
+--vs-row SUBSTR --vs-max R: switched on, every row's median <= R x the median of all rounds of the row holding
+SUBSTR (one the switch does not change, e.g. switch_ab's wan14_none: Morton's time against the node's layout unordered);
 --faster-rounds N: switched on, faster in >= N rounds of every row; --bitwise: the two outputs equal (maxdiff 0);
 --novt-not-slower: the build without virtual tiles (the exact part) not slower switched on (median); --max-ratio R:
 median on / median off <= R in every row (the graph replay's medians where a row has them); --peak-below X: the
@@ -95,6 +98,26 @@ def check(res: dict, rows: str, *, faster_rounds: int | None = None, bitwise: bo
     return lines, fails
 
 
+def vs_check(res: dict, rows: str, vs_row: str, vs_max: float) -> tuple[list[str], list[str]]:
+    """Every row holding `rows`, switched on, against the row holding `vs_row` (the median of both its arms' rounds):
+    (one line per row, the reasons the rule fails)."""
+    import statistics
+    ref = [d for k, d in res.items() if isinstance(d, dict) and vs_row in k and "error" not in d]
+    rounds = [d[k] for d in ref[:1] for k in d if re.fullmatch(r"op[01]_r\d+_ms", k)]
+    if not rounds:
+        return [], [f"no reference row holding {vs_row!r}"]
+    m_ref = statistics.median(rounds)
+    lines, fails = [], []
+    for key, d in res.items():
+        if not isinstance(d, dict) or rows not in key or vs_row in key or _median(d, "1") is None:
+            continue
+        m1 = _median(d, "1")
+        lines.append(f"{key} on: {m1:.4f} ms against {vs_row} {m_ref:.4f} ({m1 / m_ref - 1:+.1%})")
+        if m1 > vs_max * m_ref:
+            fails.append(f"{key}: {m1 / m_ref - 1:+.1%} over {vs_row} (> {vs_max - 1:+.1%})")
+    return lines, fails
+
+
 def clocks_check(res: dict, max_ratio: float, prefix: str = "share:") -> tuple[list[str], list[str]]:
     """bench/probes/split_clocks.py's RESULT: every build B with a `prefix`B twin (and their second rounds, "#2"), the
     twin's median over B's must be <= max_ratio (e.g. 0.97: >= 3% faster; 1.01: not slower than 1%)."""
@@ -131,6 +154,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-ratio", type=float)
     ap.add_argument("--peak-below", type=float)
     ap.add_argument("--clocks", type=float, metavar="MAX_RATIO")
+    ap.add_argument("--vs-row")
+    ap.add_argument("--vs-max", type=float)
     a = ap.parse_args(argv)
     fails = []
     if a.tests:
@@ -148,6 +173,9 @@ def main(argv=None) -> int:
         lines, row_fails = check(res, a.name if a.rows is None else a.rows, faster_rounds=a.faster_rounds,
                                  bitwise=a.bitwise, novt_not_slower=a.novt_not_slower, max_ratio=a.max_ratio,
                                  peak_below=a.peak_below)
+    if a.vs_row is not None:
+        vs_lines, vs_fails = vs_check(res, a.name if a.rows is None else a.rows, a.vs_row, a.vs_max or 1.0)
+        lines, row_fails = lines + vs_lines, row_fails + vs_fails
     for line in lines:
         print(line)
     fails += row_fails

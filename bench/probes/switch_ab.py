@@ -10,6 +10,8 @@ after it (bench/results/pieces_h200.md, Session 11): PSA_H_OVERLAP (the H pass b
 * wan14 / wan14_720: Wan2.1-14B 480p / 720p as the node calls it (reorder="morton" over the [F, H, W] grid, the
   [B, L, H*D] memory seen as [B, H, L, D]), CUDA graphs off (above their token limit anyway);
 * wan14_raster: 480p in plain [B, H, T, D] order (the pieces' "full operator" row);
+* wan14_none / wan14_720_none (only when PROBE_SHAPES names them): the node's layout with reorder="none", the
+  yardstick of Morton's time as the node sees it;
 * flux: FLUX.1 1024^2 as the node calls it (512 text tokens first, 8 sink blocks, d 0.2, Morton over 64 x 64,
   out_layout="bthd" and ComfyUI's reshape), through the CUDA-graph cache, plus a graph of the call captured by
   hand and replayed alone (`*_replay_ms`).
@@ -51,11 +53,18 @@ if PROFILE:
 SHAPES = [("wan14", (21, 30, 52), 40, 0, 0.125, 0, True, False),
           ("wan14_raster", (21, 30, 52), 40, 0, 0.125, 0, False, False),
           ("wan14_720", (21, 45, 80), 40, 0, 0.125, 0, True, False),
+          ("wan14_none", (21, 30, 52), 40, 0, 0.125, 0, True, False),
+          ("wan14_720_none", (21, 45, 80), 40, 0, 0.125, 0, True, False),
           ("flux", (64, 64), 24, 512, 0.2, 8, False, True)]
 if "--flux-only" in sys.argv:
     SHAPES = SHAPES[-1:]
 if os.environ.get("PROBE_SHAPES"):  # a comma-separated subset of the names above
     SHAPES = [s for s in SHAPES if s[0] in os.environ["PROBE_SHAPES"].split(",")]
+else:  # the *_none rows (the node's layout without reorder) on request only
+    SHAPES = [s for s in SHAPES if not s[0].endswith("_none")]
+# PROBE_VALUES: the switch's two values, op0's then op1's (default 0,1; e.g. PSA_MORTON_SCRATCH with 1,0.5)
+VALUES = os.environ.get("PROBE_VALUES", "0,1").split(",")
+assert len(VALUES) == 2, f"PROBE_VALUES {VALUES}: two values"
 
 
 def bench(fn, ms_hint):
@@ -91,7 +100,7 @@ if "--route" in sys.argv and "--flux-only" not in sys.argv:
         lists = {}
         for r in range(ROUNDS):
             for op in ("0", "1"):
-                os.environ[ENV] = op
+                os.environ[ENV] = VALUES[int(op)]
                 lists[op] = route_once()
                 d[f"op{op}_r{r}_ms"] = bench(route_once, 1.0)
         d["lists_equal"] = bool(torch.equal(lists["0"][0], lists["1"][0]) and torch.equal(lists["0"][1], lists["1"][1]))
@@ -110,7 +119,7 @@ for name, grid, H, npre, density, sinks, node, use_graphs in SHAPES:
     q, k, v = x
     for backend in BACKENDS:
         kw = dict(density=density, variant="pwt", n_sink_blocks=sinks, backend=backend, on_failure="raise")
-        if name != "wan14_raster":
+        if name != "wan14_raster" and not name.endswith("_none"):  # (*_none: the node's layout, reorder="none")
             kw.update(reorder="morton", grid=grid, n_prefix=npre)
         if use_graphs:
             kw["out_layout"] = "bthd"
@@ -122,7 +131,7 @@ for name, grid, H, npre, density, sinks, node, use_graphs in SHAPES:
         try:
             for r in range(ROUNDS):
                 for op in ("0", "1"):
-                    os.environ[ENV] = op
+                    os.environ[ENV] = VALUES[int(op)]
                     os.environ["PSA_CUDA_GRAPHS"] = "1" if use_graphs else "0"
                     graphs.clear()
                     outs[op] = call().clone()
@@ -150,7 +159,7 @@ for name, grid, H, npre, density, sinks, node, use_graphs in SHAPES:
             d["maxdiff"] = float((outs["0"].float() - outs["1"].float()).abs().max())
             if PROFILE and not use_graphs:  # where an arm's time goes: one call's kernels (bench/pieces.py's table)
                 for op in ("0", "1"):
-                    os.environ[ENV] = op
+                    os.environ[ENV] = VALUES[int(op)]
                     d[f"op{op}_kernels"] = [[n, round(ms, 4), c] for n, ms, c in kernel_table(call, top=10)]
             for op in ("0", "1"):
                 d[f"op{op}_median_ms"] = statistics.median(
