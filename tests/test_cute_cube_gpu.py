@@ -91,8 +91,10 @@ def test_cube_path_copies_only_the_rest(monkeypatch):
 def test_qo_view_saves_the_q_copy(monkeypatch):
     # the view for the query tile and the output only (PSA_CUTE_CUBE_KV=0): k and v copied whole, q only after the
     # cubes (11% of the rows at 480p). Session 37 (an H100) measured 2.61x q against the copies' 3.00x at 8 heads:
-    # 0.39x q less, not the 0.89x the q copy alone weighs (the other 0.5x not yet accounted for; at 40 heads as the
-    # node calls it 1.29x against Morton's 1.74x, switch_ab)
+    # 0.39x q less, not the 0.89x the q copy weighs, because in one head chunk the copies' arm allocates its output
+    # only after its statistics are freed (its peak the three copies and the output at the scatter) while the qo arm
+    # writes the caller's output from the start, so its statistics and routing scratch (~0.5x q at 8 heads) count
+    # (kernels.triton._forward_gathered). At 40 heads as the node calls it: 1.29x against Morton's 1.74x (switch_ab)
     grid, H = (21, 30, 52), 8
     q, k, v = node_layout_qkv(1, math.prod(grid), H, 128, seed=344)
     copies = _extra(q, k, v, grid, monkeypatch, view=False)
