@@ -18,7 +18,9 @@ rm -rf "$SITE"/nvidia_cutlass_dsl/dsl_packages/iket
 rm -rf "$SITE"
 COMFY=${1:-${COMFYUI_PATH:-$HOME/comfy/ComfyUI}}
 if [ -d "$COMFY/comfy" ]; then
-  (cd "$COMFY" && tar cf - --exclude='*.json' --exclude='*.txt' --exclude='*.model' comfy | xz -9) > $OUTD/comfy_py.tar.xz
+  # (with comfyui_version.py: dit_step.py records the version from it; session 37's E printed "ComfyUI ?" without it)
+  (cd "$COMFY" && tar cf - --exclude='*.json' --exclude='*.txt' --exclude='*.model' comfy comfyui_version.py | xz -9) \
+    > $OUTD/comfy_py.tar.xz
 else
   echo "no ComfyUI at $COMFY: comfy_py.tar.xz not built (dit_step.py needs it)"
 fi
