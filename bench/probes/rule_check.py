@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 
 
@@ -101,7 +102,6 @@ def check(res: dict, rows: str, *, faster_rounds: int | None = None, bitwise: bo
 def vs_check(res: dict, rows: str, vs_row: str, vs_max: float) -> tuple[list[str], list[str]]:
     """Every row holding `rows`, switched on, against the row holding `vs_row` (the median of both its arms' rounds):
     (one line per row, the reasons the rule fails)."""
-    import statistics
     ref = [d for k, d in res.items() if isinstance(d, dict) and vs_row in k and "error" not in d]
     rounds = [d[k] for d in ref[:1] for k in d if re.fullmatch(r"op[01]_r\d+_ms", k)]
     if not rounds:
@@ -167,14 +167,15 @@ def main(argv=None) -> int:
         res = result_of(a.output)
     except OSError as e:
         res, fails = {}, fails + [f"no probe output ({e.strerror})"]
+    rows = a.name if a.rows is None else a.rows
     if a.clocks is not None:
         lines, row_fails = clocks_check(res, a.clocks)
     else:
-        lines, row_fails = check(res, a.name if a.rows is None else a.rows, faster_rounds=a.faster_rounds,
+        lines, row_fails = check(res, rows, faster_rounds=a.faster_rounds,
                                  bitwise=a.bitwise, novt_not_slower=a.novt_not_slower, max_ratio=a.max_ratio,
                                  peak_below=a.peak_below)
     if a.vs_row is not None:
-        vs_lines, vs_fails = vs_check(res, a.name if a.rows is None else a.rows, a.vs_row, a.vs_max or 1.0)
+        vs_lines, vs_fails = vs_check(res, rows, a.vs_row, a.vs_max or 1.0)
         lines, row_fails = lines + vs_lines, row_fails + vs_fails
     for line in lines:
         print(line)
