@@ -1,6 +1,9 @@
 # H200 device calls, one phase per call, run from the repository root with the cutlass-dsl site and ComfyUI's comfy/
 # files carried in one archive (bench/install_cute_site.sh unpacks it):
 #   carry [".carry/cs1"]    command: bash bench/gpu_round.sh PHASE
+# Session 38 (an H100) ran G37 (the qo path breaks even by kernels and loses 2.6% by median: the cube direction closed;
+# both Morton memory arms off by their rule), a 5-round SCRATCH check, F under PSA_MORTON_SCRATCH=0.5 (302 passed) and
+# Morton's premium by kernel; R (every GPU test F leaves out) when a machine comes.
 # Session 37 (an H100, after 661 s of refused starts) ran G36 (the qo cube path +5.4% / +4.8% at 480p / 720p: off;
 # three tests failed on their bounds, mended after the call), F (302 passed), L and E; G37 (the mended tests and the qo
 # path's kernels) is next, then L on an H200 when one comes.
@@ -322,6 +325,13 @@ F)  # every forward GPU test under the caller's environment: after defaults flip
     run_tests fwd_all $((570 - SECONDS)) tests/test_triton_gpu.py tests/test_cute_gpu.py tests/test_cute_pair_gpu.py \
         tests/test_nonfinite.py tests/test_graphs_gpu.py tests/test_api_errors.py
     grep -B3 -A25 "^E  " "$OUT/tests_fwd_all.log" | head -80 >> "$OUT/round.log"
+    ;;
+R)  # every GPU test F leaves out (carry .carry/cs1; ~5 min): the backward, cube, Gluon statistics / routing and
+    # multi-GPU files, so that F + R is the whole `-m gpu` suite on one card (session 38: F had run after the last
+    # kernels/ change; the backward suite had not since session 32)
+    run_tests rest $((570 - SECONDS)) tests/test_backward_gpu.py tests/test_cute_cube_gpu.py tests/test_stats_gl_gpu.py \
+        tests/test_route_gl_gpu.py tests/test_multigpu_gpu.py tests/test_comfy_multigpu.py
+    grep -B3 -A25 "^E  " "$OUT/tests_rest.log" | head -80 >> "$OUT/round.log"
     ;;
 T)  # the CuTe GPU tests with the stashed picks (after N, when N had no time left for them)
     run_tests cute 300 tests/test_cute_gpu.py tests/test_nonfinite.py tests/test_graphs_gpu.py
