@@ -326,6 +326,26 @@ F)  # every forward GPU test under the caller's environment: after defaults flip
         tests/test_nonfinite.py tests/test_graphs_gpu.py tests/test_api_errors.py
     grep -B3 -A25 "^E  " "$OUT/tests_fwd_all.log" | head -80 >> "$OUT/round.log"
     ;;
+P)  # the peers and ours in one call on whatever card this is (carry [".carry/cs1", ".carry/pisa_official"]; ~6 min):
+    # FA4 dense and block-sparse, official PISA (bench_attention.py's peers section; Sol-Attn only where comfy-kitchen
+    # is installed: its wheel does not fit beside cs1 in one carry), cuDNN SDPA at the Wan shapes, then L
+    [ -d .carry/pisa_official ] && export PISA_OFFICIAL_DIR="$PWD/.carry/pisa_official"
+    log "peers"
+    timeout ${P_PEERS_S:-240} python bench/bench_attention.py --out "$OUT/peers" --sections peers > "$OUT/peers.log" 2>&1
+    log "peers rc=$? $(grep -E '^(fa4|official|sol)' "$OUT/peers.log" | tr '\n' ' ' | cut -c1-600)"
+    timeout 60 python - > "$OUT/sdpa.txt" 2>&1 <<'PY'
+import torch, triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+for T in (32760, 75600):
+    q, k, v = (torch.randn(1, 40, T, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        f = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        print("RESULT", T, "cudnn_sdpa_ms", triton.testing.do_bench(f, warmup=25, rep=200), torch.cuda.get_device_name())
+    del q, k, v
+PY
+    log "sdpa rc=$? $(grep RESULT "$OUT/sdpa.txt" | tr '\n' ' ')"
+    PIECES_TIMEOUT=${P_PIECES_S:-150} GPU_ROUND_NESTED=1 bash bench/gpu_round.sh L
+    ;;
 R)  # every GPU test F leaves out (carry .carry/cs1; ~5 min): the backward, cube, Gluon statistics / routing and
     # multi-GPU files, so that F + R is the whole `-m gpu` suite on one card (session 38: F had run after the last
     # kernels/ change; the backward suite had not since session 32)
