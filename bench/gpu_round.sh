@@ -3,7 +3,7 @@
 #   carry [".carry/cs1"]    command: bash bench/gpu_round.sh PHASE
 # Session 38 (an H100) ran G37 (the qo path breaks even by kernels and loses 2.6% by median: the cube direction closed;
 # both Morton memory arms off by their rule), a 5-round SCRATCH check, F under PSA_MORTON_SCRATCH=0.5 (302 passed) and
-# Morton's premium by kernel; then 720 s of refused starts: R (every GPU test F leaves out, the backward file last green
+# Morton's premium by kernel; then 930 s of refused starts: R (every GPU test F leaves out, the backward file last green
 # in session 32) and P (the peers, SDPA and L in one call) are next when a machine comes.
 # Session 37 (an H100, after 661 s of refused starts) ran G36 (the qo cube path +5.4% / +4.8% at 480p / 720p: off;
 # three tests failed on their bounds, mended after the call), F (302 passed), L and E; G37 (the mended tests and the qo
