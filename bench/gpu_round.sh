@@ -334,16 +334,11 @@ P)  # the peers and ours in one call on whatever card this is (carry [".carry/cs
     log "peers"
     timeout ${P_PEERS_S:-240} python bench/bench_attention.py --out "$OUT/peers" --sections peers > "$OUT/peers.log" 2>&1
     log "peers rc=$? $(grep -E '^(fa4|official|sol)' "$OUT/peers.log" | tr '\n' ' ' | cut -c1-600)"
-    timeout 60 python - > "$OUT/sdpa.txt" 2>&1 <<'PY'
-import torch, triton
-from torch.nn.attention import SDPBackend, sdpa_kernel
-for T in (32760, 75600):
+    timeout 60 python -c 'import sys, torch; sys.path.insert(0, "bench"); import peers
+for T in (32760, 75600):  # bench/peers.py times cuDNN SDPA as it times the peers
     q, k, v = (torch.randn(1, 40, T, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        f = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)
-        print("RESULT", T, "cudnn_sdpa_ms", triton.testing.do_bench(f, warmup=25, rep=200), torch.cuda.get_device_name())
-    del q, k, v
-PY
+    print("RESULT", T, "cudnn_sdpa_ms", peers.time_sdpa_cudnn(q, k, v), torch.cuda.get_device_name())
+    del q, k, v' > "$OUT/sdpa.txt" 2>&1
     log "sdpa rc=$? $(grep RESULT "$OUT/sdpa.txt" | tr '\n' ' ')"
     PIECES_TIMEOUT=${P_PIECES_S:-150} GPU_ROUND_NESTED=1 bash bench/gpu_round.sh L
     ;;
